@@ -1,0 +1,166 @@
+"""The ``ddim`` command line: thin Typer wrappers over importable functions.
+
+Only the standard library and Typer are imported at module level, so
+``ddim --help`` is instant; JAX, Flax and TensorFlow load inside commands.
+Expected failures (bad config, missing checkpoint, unusable output directory,
+...) print one ``error:`` line on stderr and exit with status 1 (2 for bad
+arguments), never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="DDIM image generation on JAX: train on Oxford Flowers 102, sample, evaluate.",
+)
+
+DEFAULT_RUNS_DIR = Path("runs")
+
+
+def fail(message: str, code: int = 1):
+    """Print one error line and exit (no traceback)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from ddim.checkpoint import CheckpointError
+    from ddim.config import ConfigError
+    from ddim.data import DataError
+    from ddim.images import OutputError
+
+    errors: list[type[BaseException]] = [ConfigError, CheckpointError, DataError, OutputError]
+    try:
+        from ddim.train import TrainingError
+
+        errors.append(TrainingError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errors)
+
+
+def _require_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1 (got {value})", code=2)
+
+
+def _setup_runtime(compilation_cache: Optional[str]) -> None:
+    """XLA flags and the persistent compilation cache; must run before JAX starts."""
+    from ddim import runtime
+
+    runtime.configure_xla_flags()
+    runtime.enable_compilation_cache(compilation_cache)
+
+
+CACHE_HELP = "JAX compilation cache directory ('off' to disable; default ~/.cache/ddim/jax or $DDIM_COMPILATION_CACHE)."
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: the flowers64 reference setup)."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory (default: runs/<config name>)."),
+    overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Train (or resume training) a DDIM; Ctrl-C saves a checkpoint, running again resumes."""
+    from ddim.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as error:
+        fail(str(error))
+    _setup_runtime(compilation_cache)
+    from ddim.train import train as run_training
+
+    workdir = workdir or DEFAULT_RUNS_DIR / cfg.name
+    try:
+        result = run_training(cfg, workdir)
+    except _expected_errors() as error:
+        fail(str(error))
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130)
+    if result.interrupted:
+        raise typer.Exit(130)
+    typer.echo(f"trained to step {result.final_step}; checkpoints in {Path(workdir) / 'checkpoints'}")
+
+
+def _default_checkpoint_source() -> Path:
+    """The work directory under runs/ with the most recently written checkpoint."""
+    candidates = [p.parent for p in DEFAULT_RUNS_DIR.glob("*/checkpoints") if p.is_dir()]
+    if not candidates:
+        fail(f"no checkpoints found under {DEFAULT_RUNS_DIR}/ (train first, or pass --workdir or --checkpoint)")
+    return max(candidates, key=lambda p: (p / "checkpoints").stat().st_mtime)
+
+
+@app.command()
+def sample(
+    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory whose latest checkpoint to use."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
+    out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output directory for NNNN.png and grid.png."),
+    num: int = typer.Option(16, "--num", "-n", help="Number of images."),
+    steps: int = typer.Option(20, "--steps", help="DDIM steps."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (same seed, checkpoint and steps: same pixels)."),
+    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated at once (bounds memory)."),
+    grid: bool = typer.Option(True, "--grid/--no-grid", help="Also write grid.png."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Generate images with the EMA weights of a checkpoint and write them as PNGs."""
+    _require_positive(num=num, steps=steps, batch_size=batch_size)
+    if eta < 0:
+        fail(f"--eta must be >= 0 (got {eta})", code=2)
+    source = checkpoint or workdir or _default_checkpoint_source()
+    from ddim.images import prepare_output_dir
+
+    names = [f"{i:04d}.png" for i in range(num)] + (["grid.png"] if grid else [])
+    try:
+        prepare_output_dir(out, names, overwrite)
+    except _expected_errors() as error:
+        fail(str(error))
+    _setup_runtime(compilation_cache)
+    import time
+
+    from ddim.images import save_images
+    from ddim.sampling import load
+    from ddim.summary import Progress
+
+    started = time.perf_counter()
+    try:
+        pipe = load(source)
+        typer.echo(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})", err=True)
+        progress = Progress(num, 0, description="sample")
+        done = 0
+
+        def on_batch(count: int) -> None:
+            nonlocal done
+            done += count
+            progress.update(done, "")
+
+        try:
+            images = pipe.generate(num, steps=steps, seed=seed, eta=eta, batch_size=batch_size, on_batch=on_batch)
+        finally:
+            progress.close()
+        save_images(images, out, grid=grid, overwrite=overwrite)
+    except _expected_errors() as error:
+        fail(str(error))
+    elapsed = time.perf_counter() - started
+    typer.echo(f"wrote {num} images{' and grid.png' if grid else ''} to {out} in {elapsed:.1f}s")
+
+
+def main() -> None:  # pragma: no cover - console script entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Typed configuration: dataclasses loaded from TOML, with ``section.key=value`` overrides.
+
+Every value is documented where it is defined. The defaults are the reference
+setup of the Keras DDIM example (``configs/flowers64.toml`` spells them out).
+Unknown sections or keys and values of the wrong type are errors
+(:class:`ConfigError`), never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid (the message says which key and why)."""
+
+
+@dataclass
+class ModelConfig:
+    """The network and the noise schedule (everything needed to rebuild the model)."""
+
+    image_size: int = 64
+    """Side of the square training and generated images, in pixels."""
+    channels: int = 3
+    """Image channels (3 for RGB)."""
+    widths: list[int] = field(default_factory=lambda: [32, 64, 96, 128])
+    """Channel width of each UNet level; every level but the last halves the resolution."""
+    block_depth: int = 2
+    """Residual blocks per UNet level (down and up)."""
+    embedding_dims: int = 32
+    """Size of the sinusoidal embedding of the noise variance (must be even)."""
+    embedding_min_frequency: float = 1.0
+    """Lowest frequency of the sinusoidal embedding."""
+    embedding_max_frequency: float = 1000.0
+    """Highest frequency of the sinusoidal embedding."""
+    min_signal_rate: float = 0.02
+    """Signal rate at diffusion time 1 (the noisiest level of the cosine schedule)."""
+    max_signal_rate: float = 0.95
+    """Signal rate at diffusion time 0 (the cleanest level of the cosine schedule)."""
+    dtype: str = "float32"
+    """Compute dtype of the network: "float32" or "bfloat16" (parameters and loss stay float32)."""
+
+
+@dataclass
+class DataConfig:
+    """The input pipeline (TFDS)."""
+
+    dataset: str = "oxford_flowers102"
+    """TFDS dataset name; any TFDS dataset with an "image" feature works."""
+    train_split: str = "train[:80%]+validation[:80%]+test[:80%]"
+    """TFDS split expression of the training images (the Keras example's 80/20 re-split)."""
+    val_split: str = "train[80%:]+validation[80%:]+test[80%:]"
+    """TFDS split expression of the validation images (the complement of train_split)."""
+    data_dir: str = ""
+    """TFDS data directory; empty means TFDS's default (or $TFDS_DATA_DIR)."""
+    dataset_repetitions: int = 5
+    """Passes over the training images per epoch (as in the Keras example)."""
+    shuffle_buffer: int = 640
+    """Shuffle buffer size in images (Keras uses 10 x batch size)."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, logging and checkpointing."""
+
+    num_epochs: int = 50
+    """Training epochs (one epoch is dataset_repetitions passes over the training images)."""
+    max_steps: int = 0
+    """Stop after this many optimiser steps in total; 0 means train all num_epochs."""
+    batch_size: int = 64
+    """Global batch size (images per optimiser step)."""
+    learning_rate: float = 1e-3
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 1e-4
+    """AdamW decoupled weight decay."""
+    adam_eps: float = 1e-7
+    """AdamW epsilon (Keras' default, 1e-7)."""
+    ema_decay: float = 0.999
+    """Decay of the exponential moving average of the weights used for sampling."""
+    ema_warmup: bool = True
+    """Warm the EMA decay up as min(ema_decay, (1 + step) / (10 + step)) so short runs already sample well."""
+    seed: int = 0
+    """Seed of parameter init, data order, noise and the sample grid."""
+    log_every: int = 50
+    """Fetch metrics from the device and log them every this many steps."""
+    checkpoint_every: int = 500
+    """Save a checkpoint every this many steps (also at the end of every epoch and of training)."""
+    keep_checkpoints: int = 3
+    """How many of the most recent checkpoints to keep."""
+    eval_every: int = 1
+    """Validation loss and a sample grid every this many epochs (0 disables both)."""
+    eval_batches: int = 0
+    """Validation batches per evaluation; 0 means the whole validation split."""
+    normalizer_batches: int = 10
+    """Batches used to initialise the normaliser's statistics before training (0: start from mean 0, var 1)."""
+    grid_rows: int = 3
+    """Rows of the sample grid written at the end of every evaluation."""
+    grid_cols: int = 6
+    """Columns of the sample grid."""
+    sample_steps: int = 20
+    """DDIM steps used for the sample grid during training."""
+
+
+@dataclass
+class Config:
+    """A complete run configuration."""
+
+    name: str = "flowers64"
+    """Name of the run; the default work directory is runs/<name>."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_type(value: Any, annotation: Any, key: str) -> Any:
+    """Return ``value`` converted to ``annotation`` or raise ConfigError naming ``key``."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_type,) = typing.get_args(annotation)[:1]
+        return [_check_type(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(annotation):
+            try:
+                return _check_type(value, option, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: {value!r} is not of type {annotation}")
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected nothing, got {value!r}")
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {annotation}")  # pragma: no cover
+
+
+def _build(cls, values: dict[str, Any], prefix: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a table, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix + unknown[0]!r} (known keys: {', '.join(sorted(known))})"
+        )
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _check_type(value, hint, prefix + name)
+    return cls(**kwargs)
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    """Build and validate a Config from nested dicts (e.g. a parsed TOML file)."""
+    config = _build(Config, values, "")
+    validate(config)
+    return config
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override value as TOML (``3``, ``1e-3``, ``true``, ``[32, 64]``, ``"x"``), else a bare string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to nested dicts (validated later by :func:`from_dict`)."""
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {override!r} is not of the form section.key=value")
+        *sections, leaf = key.strip().split(".")
+        table = values
+        for section in sections:
+            table = table.setdefault(section, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"override {override!r}: {section!r} is not a section")
+        table[leaf] = _parse_value(text.strip())
+    return values
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a TOML config (or the defaults when ``path`` is None) and apply overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            values = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+        values.setdefault("name", path.stem)
+    return from_dict(apply_overrides(values, list(overrides or [])))
+
+
+def validate(config: Config) -> None:
+    """Check the relations between values that types alone cannot express."""
+    m, t, d = config.model, config.train, config.data
+    levels = len(m.widths) - 1
+    if not m.widths or any(w < 1 for w in m.widths):
+        raise ConfigError("model.widths must be a non-empty list of positive integers")
+    if m.image_size < 1 or m.image_size % (2**levels):
+        raise ConfigError(f"model.image_size ({m.image_size}) must be a positive multiple of 2**{levels}")
+    if m.embedding_dims < 2 or m.embedding_dims % 2:
+        raise ConfigError(f"model.embedding_dims must be even and >= 2, got {m.embedding_dims}")
+    if not 0.0 < m.min_signal_rate < m.max_signal_rate < 1.0:
+        raise ConfigError("need 0 < model.min_signal_rate < model.max_signal_rate < 1")
+    if m.dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {m.dtype!r}")
+    positive = {
+        "model.block_depth": m.block_depth,
+        "model.channels": m.channels,
+        "train.batch_size": t.batch_size,
+        "train.num_epochs": t.num_epochs,
+        "train.log_every": t.log_every,
+        "train.checkpoint_every": t.checkpoint_every,
+        "train.keep_checkpoints": t.keep_checkpoints,
+        "train.grid_rows": t.grid_rows,
+        "train.grid_cols": t.grid_cols,
+        "train.sample_steps": t.sample_steps,
+        "data.dataset_repetitions": d.dataset_repetitions,
+        "data.shuffle_buffer": d.shuffle_buffer,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    for key, value in {
+        "train.max_steps": t.max_steps,
+        "train.eval_every": t.eval_every,
+        "train.eval_batches": t.eval_batches,
+        "train.normalizer_batches": t.normalizer_batches,
+    }.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    if not 0.0 <= t.ema_decay < 1.0:
+        raise ConfigError(f"train.ema_decay must be in [0, 1), got {t.ema_decay}")
+    if t.learning_rate <= 0:
+        raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}")

@@ -1,0 +1,248 @@
+"""The DDIM network: a BatchNorm image normaliser and a noise-predicting UNet.
+
+The architecture is the one of the Keras example "Denoising Diffusion Implicit
+Models" (A. Béres): residual blocks without normalisation scale/offset, average
+pooling down, bilinear upsampling up, a sinusoidal embedding of the noise
+variance broadcast over the image, and a zero-initialised output convolution so
+the untrained network predicts zero noise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ddim import diffusion, ops
+
+# Keras' Conv2D default initialiser; kept so training starts where the reference starts.
+_glorot_uniform = nn.initializers.glorot_uniform()
+
+
+def sinusoidal_embedding(noise_variances, embedding_dims: int, min_frequency: float, max_frequency: float):
+    """Sin/cos features of ``noise_variances`` (shape ``(B, 1, 1, 1)``) at log-spaced frequencies.
+
+    Returns ``(B, 1, 1, embedding_dims)``: ``embedding_dims // 2`` frequencies
+    between ``min_frequency`` and ``max_frequency``, as in the Transformer's
+    positional encoding (and the Keras DDIM example).
+    """
+    frequencies = jnp.exp(
+        jnp.linspace(math.log(min_frequency), math.log(max_frequency), embedding_dims // 2, dtype=jnp.float32)
+    )
+    angular_speeds = 2.0 * math.pi * frequencies
+    return jnp.concatenate(
+        [jnp.sin(angular_speeds * noise_variances), jnp.cos(angular_speeds * noise_variances)], axis=-1
+    )
+
+
+class Conv(nn.Module):
+    """A stride-1 'SAME' convolution with a bias (the parameters of ``nn.Conv``).
+
+    The arithmetic is :func:`ddim.ops.conv2d`, which picks the fastest formulation
+    on the current backend; parameters stay float32 and the computation runs in
+    ``dtype``.
+    """
+
+    features: int
+    kernel_size: int
+    dtype: Any = jnp.float32
+    kernel_init: Any = _glorot_uniform
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param(
+            "kernel", self.kernel_init, (self.kernel_size, self.kernel_size, x.shape[-1], self.features), jnp.float32
+        )
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        x, kernel, bias = x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype)
+        return ops.conv2d(x, kernel) + bias
+
+
+def _norm(train: bool, dtype) -> nn.BatchNorm:
+    # Keras' BatchNormalization(center=False, scale=False): momentum 0.99, epsilon 1e-3.
+    return nn.BatchNorm(
+        use_running_average=not train, use_bias=False, use_scale=False, momentum=0.99, epsilon=1e-3, dtype=dtype
+    )
+
+
+class ResidualBlock(nn.Module):
+    """BN -> 3x3 conv -> swish -> 3x3 conv, plus the input (through a 1x1 conv when widths differ)."""
+
+    width: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        residual = x if x.shape[-1] == self.width else Conv(self.width, 1, self.dtype, name="skip")(x)
+        x = _norm(train, self.dtype)(x)
+        x = nn.swish(Conv(self.width, 3, self.dtype)(x))
+        x = Conv(self.width, 3, self.dtype)(x)
+        return x + residual
+
+
+class UNet(nn.Module):
+    """Predicts the noise in ``noisy_images`` given the noise variance of each image."""
+
+    widths: Sequence[int] = (32, 64, 96, 128)
+    block_depth: int = 2
+    embedding_dims: int = 32
+    embedding_min_frequency: float = 1.0
+    embedding_max_frequency: float = 1000.0
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, noisy_images, noise_variances, train: bool):
+        batch, height, width, _ = noisy_images.shape
+        embedding = sinusoidal_embedding(
+            noise_variances, self.embedding_dims, self.embedding_min_frequency, self.embedding_max_frequency
+        )
+        # Keras upsamples the 1x1 embedding to the image size with nearest-neighbour: a broadcast.
+        embedding = jnp.broadcast_to(embedding, (batch, height, width, self.embedding_dims))
+        x = Conv(self.widths[0], 1, self.dtype, name="stem")(noisy_images)
+        x = jnp.concatenate([x, embedding.astype(x.dtype)], axis=-1)
+
+        skips = []
+        for level_width in self.widths[:-1]:
+            for _ in range(self.block_depth):
+                x = ResidualBlock(level_width, self.dtype)(x, train)
+                skips.append(x)
+            x = ops.average_pool_2x(x)
+        for _ in range(self.block_depth):
+            x = ResidualBlock(self.widths[-1], self.dtype)(x, train)
+        for level_width in reversed(self.widths[:-1]):
+            x = ops.upsample_bilinear_2x(x)
+            for _ in range(self.block_depth):
+                x = jnp.concatenate([x, skips.pop()], axis=-1)
+                x = ResidualBlock(level_width, self.dtype)(x, train)
+        # Zero-initialised so the untrained model predicts zero noise (the identity denoiser).
+        x = Conv(noisy_images.shape[-1], 1, self.dtype, kernel_init=nn.initializers.zeros, name="head")(x)
+        return x.astype(jnp.float32)
+
+
+class DiffusionModel(nn.Module):
+    """Normaliser + UNet + the DDIM schedule: training forward pass and sampler.
+
+    ``__call__`` is the training/evaluation forward pass; :meth:`generate` runs
+    the reverse diffusion. Images enter and leave in [0, 1]; internally they are
+    standardised per channel by a BatchNorm whose running statistics are the
+    dataset's mean and variance (Keras uses an adapted ``Normalization`` layer).
+    """
+
+    image_size: int = 64
+    channels: int = 3
+    widths: Sequence[int] = (32, 64, 96, 128)
+    block_depth: int = 2
+    embedding_dims: int = 32
+    embedding_min_frequency: float = 1.0
+    embedding_max_frequency: float = 1000.0
+    min_signal_rate: float = 0.02
+    max_signal_rate: float = 0.95
+    dtype: Any = jnp.float32
+
+    def setup(self):
+        # No scale/offset: a pure per-channel standardisation with invertible running stats.
+        self.normalizer = nn.BatchNorm(use_bias=False, use_scale=False, momentum=0.99, epsilon=1e-3)
+        self.network = UNet(
+            widths=tuple(self.widths),
+            block_depth=self.block_depth,
+            embedding_dims=self.embedding_dims,
+            embedding_min_frequency=self.embedding_min_frequency,
+            embedding_max_frequency=self.embedding_max_frequency,
+            dtype=self.dtype,
+        )
+
+    def schedule(self, diffusion_times):
+        return diffusion.cosine_schedule(diffusion_times, self.min_signal_rate, self.max_signal_rate)
+
+    def denoise(self, noisy_images, noise_rates, signal_rates, train: bool):
+        """Predict (noises, images) from noisy images at known rates (DDIM eq. 12's x_0 estimate)."""
+        pred_noises = self.network(noisy_images, noise_rates**2, train)
+        pred_images = diffusion.predict_images(noisy_images, pred_noises, noise_rates, signal_rates)
+        return pred_noises, pred_images
+
+    def normalize(self, images, train: bool):
+        return self.normalizer(images, use_running_average=not train)
+
+    def denormalize(self, images):
+        """Invert the normaliser with its running statistics and clip to [0, 1]."""
+        stats = self.normalizer.variables["batch_stats"]
+        images = stats["mean"] + images * jnp.sqrt(stats["var"] + self.normalizer.epsilon)
+        return jnp.clip(images, 0.0, 1.0)
+
+    def __call__(self, images, rng, train: bool = True):
+        """Noise ``images`` (in [0, 1]) at random times and predict the noise back.
+
+        Returns ``(noises, normalized_images, pred_noises, pred_images)``; the
+        training loss compares the first and third, the image loss the second
+        and fourth.
+        """
+        images = self.normalize(images, train)
+        noise_rng, time_rng = jax.random.split(rng)
+        noises = jax.random.normal(noise_rng, images.shape, jnp.float32)
+        noise_rates, signal_rates = self.schedule(diffusion.sample_diffusion_times(time_rng, images.shape[0]))
+        noisy_images = diffusion.add_noise(images, noises, noise_rates, signal_rates)
+        pred_noises, pred_images = self.denoise(noisy_images, noise_rates, signal_rates, train)
+        return noises, images, pred_noises, pred_images
+
+    def generate(self, rng, num_images: int, diffusion_steps: int, eta: float = 0.0, initial_noise=None):
+        """Sample ``num_images`` images in [0, 1] with ``diffusion_steps`` DDIM steps.
+
+        Runs the whole reverse process in one compiled loop (``nn.while_loop``);
+        ``diffusion_steps`` must be static under ``jit``. ``eta`` scales the
+        fresh noise of each step (DDIM eq. 16): 0 is deterministic DDIM, 1 is
+        DDPM-like ancestral sampling. Returns float32 ``(N, H, W, C)``.
+        """
+        if diffusion_steps < 1:
+            raise ValueError(f"diffusion_steps must be >= 1, got {diffusion_steps}")
+        shape = (num_images, self.image_size, self.image_size, self.channels)
+        init_rng, step_rng = jax.random.split(rng)
+        if initial_noise is None:
+            initial_noise = jax.random.normal(init_rng, shape, jnp.float32)
+        ones = jnp.ones((num_images, 1, 1, 1), jnp.float32)
+
+        def body(mdl, carry):
+            step, noisy_images, _ = carry
+            times, next_times = diffusion.reverse_diffusion_times(step, diffusion_steps)
+            noise_rates, signal_rates = mdl.schedule(ones * times)
+            pred_noises, pred_images = mdl.denoise(noisy_images, noise_rates, signal_rates, train=False)
+            next_noise_rates, next_signal_rates = mdl.schedule(ones * next_times)
+            sigma = diffusion.ddim_sigma(noise_rates, signal_rates, next_noise_rates, next_signal_rates, eta)
+            fresh_noise = jax.random.normal(jax.random.fold_in(step_rng, step), shape, jnp.float32)
+            next_images = diffusion.ddim_step(
+                pred_images, pred_noises, next_noise_rates, next_signal_rates, sigma, fresh_noise
+            )
+            return step + 1, next_images, pred_images
+
+        def not_done(mdl, carry):
+            return carry[0] < diffusion_steps
+
+        # The result is the last step's x_0 prediction (the re-noised x at t=0 is not clean:
+        # the schedule's signal rate there is max_signal_rate, not 1).
+        carry = (jnp.zeros((), jnp.int32), initial_noise, initial_noise)
+        _, _, images = nn.while_loop(not_done, body, self, carry)
+        return self.denormalize(images)
+
+
+def create_model(config) -> DiffusionModel:
+    """Build the :class:`DiffusionModel` described by a :class:`ddim.config.ModelConfig`."""
+    return DiffusionModel(
+        image_size=config.image_size,
+        channels=config.channels,
+        widths=tuple(config.widths),
+        block_depth=config.block_depth,
+        embedding_dims=config.embedding_dims,
+        embedding_min_frequency=config.embedding_min_frequency,
+        embedding_max_frequency=config.embedding_max_frequency,
+        min_signal_rate=config.min_signal_rate,
+        max_signal_rate=config.max_signal_rate,
+        dtype=jnp.dtype(config.dtype),
+    )
+
+
+def init_variables(model: DiffusionModel, rng):
+    """Initial ``{"params", "batch_stats"}`` of ``model`` (shapes only depend on the model)."""
+    images = jnp.zeros((1, model.image_size, model.image_size, model.channels), jnp.float32)
+    return model.init(rng, images, rng, train=True)

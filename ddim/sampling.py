@@ -1,0 +1,118 @@
+"""Generating images from a trained model: the jitted sampler and the Python API.
+
+>>> import ddim
+>>> pipe = ddim.load("runs/flowers64")            # a work directory or a checkpoint step dir
+>>> images = pipe.generate(16, steps=20, seed=0)  # uint8, (16, 64, 64, 3)
+>>> ddim.save_images(images, "samples/")
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddim.config import Config
+from ddim.images import to_uint8
+from ddim.model import DiffusionModel, create_model
+
+
+@functools.cache
+def generate_fn(model: DiffusionModel) -> Callable:
+    """``f(variables, rng, num_images, diffusion_steps, eta) -> float images``, jitted.
+
+    ``num_images`` and ``diffusion_steps`` are static (the loop length and the
+    array shapes); ``eta`` is traced, so changing it does not recompile. Cached
+    per model (flax modules are hashable dataclasses).
+    """
+
+    def generate(variables, rng, num_images, diffusion_steps, eta):
+        return model.apply(variables, rng, num_images, diffusion_steps, eta, method=DiffusionModel.generate)
+
+    return jax.jit(generate, static_argnames=("num_images", "diffusion_steps"))
+
+
+def sample_variables(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The variables used for sampling: the EMA weights and their batch statistics."""
+    return {"params": state_dict["ema_params"], "batch_stats": state_dict["ema_batch_stats"]}
+
+
+def generate_images(
+    model: DiffusionModel,
+    variables: dict[str, Any],
+    num_images: int,
+    steps: int,
+    seed: int = 0,
+    eta: float = 0.0,
+    batch_size: int | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Generate ``num_images`` uint8 images in batches of at most ``batch_size``.
+
+    Batch ``i`` uses ``fold_in(key(seed), i)``, so the images depend only on
+    the seed, the batch size and the checkpoint. ``on_batch(n)`` is called
+    after each batch of ``n`` images (for progress bars).
+    """
+    if num_images < 1:
+        raise ValueError(f"the number of images must be >= 1, got {num_images}")
+    if steps < 1:
+        raise ValueError(f"the number of diffusion steps must be >= 1, got {steps}")
+    batch_size = min(batch_size or num_images, num_images)
+    if batch_size < 1:
+        raise ValueError(f"the batch size must be >= 1, got {batch_size}")
+    fn = generate_fn(model)
+    base = jax.random.key(seed)
+    outputs = []
+    for index, start in enumerate(range(0, num_images, batch_size)):
+        count = min(batch_size, num_images - start)
+        images = fn(variables, jax.random.fold_in(base, index), count, steps, jnp.float32(eta))
+        outputs.append(to_uint8(jax.device_get(images)))
+        if on_batch is not None:
+            on_batch(count)
+    return np.concatenate(outputs)
+
+
+class Pipeline:
+    """A trained model ready to sample: ``Pipeline.generate(n, steps, seed) -> uint8 (n, H, W, C)``."""
+
+    def __init__(self, config: Config, variables: dict[str, Any], step: int | None = None, path: Path | None = None):
+        self.config = config
+        self.model = create_model(config.model)
+        self.variables = variables
+        self.step = step
+        self.path = path
+
+    def generate(
+        self,
+        num_images: int = 16,
+        steps: int = 20,
+        seed: int = 0,
+        eta: float = 0.0,
+        batch_size: int | None = None,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Sample with the EMA weights; same arguments and checkpoint give the same pixels."""
+        return generate_images(self.model, self.variables, num_images, steps, seed, eta, batch_size, on_batch)
+
+    def __repr__(self) -> str:
+        return f"Pipeline(name={self.config.name!r}, step={self.step}, path={str(self.path)!r})"
+
+
+def load(path: str | Path, step: int | None = None) -> Pipeline:
+    """Load a pipeline from a work directory, its ``checkpoints`` folder or a checkpoint step dir.
+
+    Needs nothing but the checkpoint: the config stored beside the weights
+    rebuilds the model. Raises :class:`ddim.checkpoint.CheckpointError`.
+    """
+    from ddim.checkpoint import locate
+
+    checkpointer, latest = locate(checkpoint=path)
+    step = latest if step is None else step
+    config = checkpointer.restore_config(step)
+    state = checkpointer.restore_state(step)
+    variables = jax.tree.map(jnp.asarray, sample_variables(state))
+    return Pipeline(config, variables, step=step, path=checkpointer.directory / str(step))

@@ -1,0 +1,109 @@
+"""Training output: TensorBoard summaries and a progress display.
+
+TensorBoard event files are written with ``tf.summary`` (TensorFlow is already
+the input pipeline's dependency; it is imported only when a writer is made).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+
+class SummaryWriter:
+    """Scalars and images for TensorBoard, in ``logdir``."""
+
+    def __init__(self, logdir: str | Path):
+        from ddim.data import tensorflow
+
+        self._tf = tensorflow()
+        self._writer = self._tf.summary.create_file_writer(str(logdir))
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                self._tf.summary.scalar(name, float(value))
+
+    def image(self, step: int, name: str, image: np.ndarray) -> None:
+        """One ``(H, W, C)`` uint8 image."""
+        with self._writer.as_default(step=step):
+            self._tf.summary.image(name, np.asarray(image)[None], max_outputs=1)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def format_metrics(values: Mapping[str, float]) -> str:
+    return " ".join(f"{name}={value:.4g}" for name, value in values.items())
+
+
+class Progress:
+    """A progress bar on a terminal, plain log lines otherwise (CI logs, files).
+
+    Both show the step, the latest metrics and the throughput in images/s.
+    """
+
+    def __init__(self, total_steps: int, start_step: int, description: str = "train", stream=None):
+        self.stream = stream or sys.stderr
+        self.total = total_steps
+        self.start_step = start_step
+        self._bar = None
+        if self.stream.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
+            from rich.progress import TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._bar = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=Console(file=self.stream),
+            )
+            self._task = self._bar.add_task(description, total=total_steps, completed=start_step, status="")
+            self._bar.start()
+
+    @property
+    def interactive(self) -> bool:
+        return self._bar is not None
+
+    def update(self, step: int, status: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, status=status)
+
+    def log(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(message, markup=False, highlight=False)
+        else:
+            print(message, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class Throughput:
+    """Images per second between successive calls of :meth:`measure`."""
+
+    def __init__(self):
+        self._time = time.perf_counter()
+        self._images = 0
+
+    def add(self, images: int) -> None:
+        self._images += images
+
+    def measure(self) -> float:
+        now = time.perf_counter()
+        rate = self._images / max(now - self._time, 1e-9)
+        self._time, self._images = now, 0
+        return rate
