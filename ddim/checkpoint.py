@@ -28,6 +28,12 @@ def _ocp():
     return ocp
 
 
+def _first_line(error: BaseException) -> str:
+    """Library errors can span many lines; the CLI promises one."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def checkpoint_dir(workdir: str | Path) -> Path:
     return Path(workdir).absolute() / CHECKPOINT_DIR
 
@@ -64,19 +70,19 @@ class Checkpointer:
         args = ocp.args.StandardRestore(target) if target is not None else ocp.args.StandardRestore()
         try:
             return self.manager.restore(step, args=ocp.args.Composite(state=args)).state
-        except (ValueError, KeyError, TypeError, FileNotFoundError) as error:
-            raise CheckpointError(f"cannot restore checkpoint {self.directory / str(step)}: {error}") from None
+        except Exception as error:  # orbax/tensorstore raise many types for damaged files
+            raise CheckpointError(f"cannot restore checkpoint {self.directory / str(step)}: {_first_line(error)}") from None
 
     def restore_config(self, step: int) -> Config:
         ocp = _ocp()
         try:
             values = self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-        except (ValueError, KeyError, TypeError, FileNotFoundError, OSError) as error:
-            raise CheckpointError(f"checkpoint {self.directory / str(step)} has no readable config: {error}") from None
+        except Exception as error:  # a missing or damaged JSON item
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} has no readable config: {_first_line(error)}") from None
         try:
             return from_dict(values)
         except ConfigError as error:
-            raise CheckpointError(f"checkpoint {self.directory / str(step)} has an invalid config: {error}") from None
+            raise CheckpointError(f"checkpoint {self.directory / str(step)} has an invalid config: {_first_line(error)}") from None
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -95,7 +101,7 @@ def locate(workdir: str | Path | None = None, checkpoint: str | Path | None = No
     if checkpoint is not None:
         path = Path(checkpoint).absolute()
         if not path.exists():
-            raise CheckpointError(f"checkpoint not found: {path}")
+            raise CheckpointError(f"checkpoint not found: {path} does not exist")
         if path.name.isdigit() and (path / "state").exists():
             return Checkpointer(path.parent, create=False), int(path.name)
         if (path / CHECKPOINT_DIR).is_dir():

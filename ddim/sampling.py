@@ -108,11 +108,29 @@ def load(path: str | Path, step: int | None = None) -> Pipeline:
     Needs nothing but the checkpoint: the config stored beside the weights
     rebuilds the model. Raises :class:`ddim.checkpoint.CheckpointError`.
     """
-    from ddim.checkpoint import locate
+    from ddim.checkpoint import CheckpointError, locate
+    from ddim.model import init_variables
 
     checkpointer, latest = locate(checkpoint=path)
     step = latest if step is None else step
     config = checkpointer.restore_config(step)
     state = checkpointer.restore_state(step)
-    variables = jax.tree.map(jnp.asarray, sample_variables(state))
+    checkpointer.close()
+    try:
+        variables = jax.tree.map(jnp.asarray, sample_variables(state))
+    except (KeyError, TypeError) as error:
+        raise CheckpointError(f"checkpoint {checkpointer.directory / str(step)} has no EMA weights ({error})") from None
+    # The weights must fit the model their stored config describes (shapes and structure).
+    model = create_model(config.model)
+    expected = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
+    expected_shapes = jax.tree.map(lambda x: x.shape, expected)
+    try:
+        actual_shapes = jax.tree.map(lambda x: x.shape, variables)
+    except Exception:  # pragma: no cover - tree walk of foreign data
+        actual_shapes = None
+    if actual_shapes != expected_shapes:
+        raise CheckpointError(
+            f"checkpoint {checkpointer.directory / str(step)} does not match its config "
+            f"({config.name}: widths {config.model.widths}, image size {config.model.image_size})"
+        )
     return Pipeline(config, variables, step=step, path=checkpointer.directory / str(step))

@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny configs, mock TFDS data and a small trained checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+
+# Before JAX starts: no persistent compilation cache writes from tests into the user's home.
+os.environ.setdefault("DDIM_COMPILATION_CACHE", "off")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+REAL_TFDS = REPO.parent / "shared" / "tfds"
+
+# Small enough to compile and run a step in about a second on a 2-core CPU.
+TINY = [
+    "model.image_size=16",
+    "model.widths=[8, 16]",
+    "model.block_depth=1",
+    "model.embedding_dims=8",
+    "data.dataset_repetitions=1",
+    "data.shuffle_buffer=16",
+    "train.batch_size=8",
+    "train.log_every=2",
+    "train.checkpoint_every=4",
+    "train.eval_batches=1",
+    "train.normalizer_batches=1",
+    "train.grid_rows=1",
+    "train.grid_cols=2",
+    "train.sample_steps=2",
+    "train.num_epochs=100",
+    "train.max_steps=6",
+]
+
+
+def tiny_config(*overrides: str):
+    from ddim.config import load_config
+
+    return load_config(CONFIGS / "smoke.toml", [*TINY, *overrides])
+
+
+def real_data_dir() -> Path | None:
+    """The prepared oxford_flowers102 copy beside the project (or in $TFDS_DATA_DIR), if any."""
+    for candidate in (os.environ.get("TFDS_DATA_DIR"), REAL_TFDS):
+        if candidate and (Path(candidate) / "oxford_flowers102").is_dir():
+            return Path(candidate)
+    return None
+
+
+@contextlib.contextmanager
+def mock_flowers(num_examples: int = 32):
+    """TFDS mock data: random images of random sizes, ``num_examples`` per split expression."""
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=num_examples):
+        yield
+
+
+@pytest.fixture(scope="session")
+def trained_workdir(tmp_path_factory) -> Path:
+    """A tiny model trained for 6 steps on mock data (checkpoints at steps 4 and 6)."""
+    from ddim.train import train
+
+    workdir = tmp_path_factory.mktemp("trained")
+    with mock_flowers():
+        train(tiny_config(), workdir, log=lambda message: None)
+    return workdir

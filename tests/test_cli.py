@@ -1,0 +1,126 @@
+"""The command line through typer's CliRunner: end to end, and one clear line for bad input."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from ddim.cli import app
+from tests.conftest import CONFIGS, TINY, mock_flowers
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def assert_one_line_error(result, text, code=1):
+    assert result.exit_code == code, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and text in lines[0], result.output
+
+
+def test_help_is_instant_and_imports_no_heavy_library():
+    code = "import sys, ddim.cli; print(sorted(m for m in ('jax', 'tensorflow', 'flax') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    result = invoke("--help")
+    assert result.exit_code == 0 and "train" in result.output and "sample" in result.output
+
+
+def test_train_then_sample_end_to_end(tmp_path):
+    workdir = tmp_path / "run"
+    overrides = [arg for item in TINY for arg in ("--set", item)]
+    with mock_flowers():
+        result = invoke("train", "--config", CONFIGS / "smoke.toml", "--workdir", workdir, *overrides,
+                        "--set", "train.max_steps=4")
+    assert result.exit_code == 0, result.output
+    assert "trained to step 4" in result.output
+    out = tmp_path / "samples"
+    result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--batch-size", 2, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["0000.png", "0001.png", "0002.png", "grid.png"]
+    # Running again into the same directory must not overwrite without --overwrite ...
+    before = (out / "0000.png").read_bytes()
+    result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--out", out)
+    assert_one_line_error(result, "already exists")
+    # ... and with it, the same seed gives the same pixels.
+    result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--out", out, "--overwrite")
+    assert result.exit_code == 0 and (out / "0000.png").read_bytes() == before
+
+
+def test_sample_defaults_to_the_newest_run(trained_workdir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(trained_workdir, tmp_path / "runs" / "smoke")
+    result = invoke("sample", "--steps", 1, "--num", 2, "--out", "samples", "--no-grid")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["0000.png", "0001.png"]
+
+
+def test_unknown_config_key(tmp_path):
+    result = invoke("train", "--config", CONFIGS / "smoke.toml", "--workdir", tmp_path, "--set", "train.bogus=1")
+    assert_one_line_error(result, "unknown config key 'train.bogus'")
+
+
+def test_missing_config_file(tmp_path):
+    result = invoke("train", "--config", tmp_path / "missing.toml", "--workdir", tmp_path)
+    assert_one_line_error(result, "config file not found")
+
+
+def test_missing_checkpoint(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = invoke("sample", "--workdir", tmp_path / "empty", "--out", tmp_path / "out")
+    assert_one_line_error(result, "no checkpoints in")
+    result = invoke("sample", "--workdir", tmp_path / "typo", "--out", tmp_path / "out")
+    assert_one_line_error(result, "does not exist")
+    result = invoke("sample", "--checkpoint", tmp_path / "nope", "--out", tmp_path / "out")
+    assert_one_line_error(result, "checkpoint not found")
+
+
+def test_no_runs_at_all(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke("sample", "--out", "x"), "no checkpoints found under runs/")
+
+
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--num", "0"], "--num must be >= 1"),
+        (["--batch-size", "-3"], "--batch-size must be >= 1"),
+        (["--eta", "-1"], "--eta must be >= 0"),
+    ],
+)
+def test_non_positive_arguments(trained_workdir, tmp_path, args, text):
+    result = invoke("sample", "--workdir", trained_workdir, "--out", tmp_path / "out", *args)
+    assert_one_line_error(result, text, code=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_path_is_a_file(trained_workdir, tmp_path):
+    target = tmp_path / "file.png"
+    target.write_bytes(b"x")
+    result = invoke("sample", "--workdir", trained_workdir, "--out", target)
+    assert_one_line_error(result, "is not a directory")
+    assert target.read_bytes() == b"x"
+
+
+def test_output_dir_cannot_be_created(trained_workdir, tmp_path):
+    (tmp_path / "blocker").write_text("a file where a directory should be")
+    result = invoke("sample", "--workdir", trained_workdir, "--out", tmp_path / "blocker" / "out")
+    assert_one_line_error(result, "cannot create output directory")
+
+
+def test_corrupt_checkpoint_via_cli(trained_workdir, tmp_path):
+    workdir = tmp_path / "corrupt"
+    shutil.copytree(trained_workdir, workdir)
+    (workdir / "checkpoints" / "6" / "config" / "metadata").write_text("{not json")
+    result = invoke("sample", "--workdir", workdir, "--out", tmp_path / "out", "--steps", 1, "--num", 1)
+    assert_one_line_error(result, "no readable config")
+    # The damaged checkpoint is reported, never deleted or rewritten.
+    assert (workdir / "checkpoints" / "6" / "config" / "metadata").read_text() == "{not json"

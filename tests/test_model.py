@@ -1,0 +1,142 @@
+"""Shapes, dtypes and defining properties of the network modules (ddim/model.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ddim.model import DiffusionModel, ResidualBlock, UNet, create_model, init_variables, sinusoidal_embedding
+from ddim.sampling import generate_fn
+from tests.conftest import tiny_config
+
+TINY_MODEL = dict(image_size=16, widths=(8, 16), block_depth=1, embedding_dims=8)
+
+
+def test_sinusoidal_embedding_layout():
+    variances = jnp.array([0.0, 0.5]).reshape(2, 1, 1, 1)
+    emb = sinusoidal_embedding(variances, 32, 1.0, 1000.0)
+    assert emb.shape == (2, 1, 1, 32) and emb.dtype == jnp.float32
+    np.testing.assert_allclose(emb[0, 0, 0, :16], 0.0, atol=1e-7)  # sin(0)
+    np.testing.assert_allclose(emb[0, 0, 0, 16:], 1.0, atol=1e-7)  # cos(0)
+    frequencies = np.exp(np.linspace(np.log(1.0), np.log(1000.0), 16))
+    np.testing.assert_allclose(emb[1, 0, 0, :16], np.sin(2 * np.pi * frequencies * 0.5), atol=2e-3)
+
+
+@pytest.mark.parametrize("in_width,width", [(8, 8), (8, 12)])
+def test_residual_block_shapes_and_skip(in_width, width):
+    block = ResidualBlock(width)
+    x = jax.random.normal(jax.random.key(0), (2, 8, 8, in_width))
+    variables = jax.jit(lambda k, x: block.init(k, x, train=True))(jax.random.key(1), x)
+    y, updates = jax.jit(lambda v, x: block.apply(v, x, train=True, mutable=["batch_stats"]))(variables, x)
+    assert y.shape == (2, 8, 8, width) and y.dtype == jnp.float32
+    assert ("skip" in variables["params"]) == (in_width != width)
+    # BatchNorm without scale/offset: only running statistics, no BN parameters.
+    assert set(variables["batch_stats"]) == {"BatchNorm_0"}
+    assert not any("BatchNorm" in name for name in variables["params"])
+
+
+def test_unet_output_shape_and_zero_initialised_head():
+    net = UNet(widths=(8, 16, 24), block_depth=2, embedding_dims=8)
+    x = jax.random.normal(jax.random.key(0), (3, 16, 16, 3))
+    variances = jnp.full((3, 1, 1, 1), 0.3)
+    variables = jax.jit(lambda k: net.init(k, x, variances, train=True))(jax.random.key(1))
+    np.testing.assert_array_equal(variables["params"]["head"]["kernel"], 0.0)
+    out, _ = jax.jit(lambda v: net.apply(v, x, variances, train=True, mutable=["batch_stats"]))(variables)
+    assert out.shape == x.shape and out.dtype == jnp.float32
+    np.testing.assert_array_equal(out, 0.0)
+
+
+def test_keras_reference_parameter_count():
+    """The flowers64 network has the Keras example's structure (and so its parameter count)."""
+    model = create_model(tiny_config("model.image_size=64", "model.widths=[32, 64, 96, 128]",
+                                     "model.block_depth=2", "model.embedding_dims=32").model)
+    shapes = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
+    count = sum(np.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
+    assert count == 1_950_627
+
+
+def test_diffusion_model_forward_outputs():
+    model = DiffusionModel(**TINY_MODEL)
+    variables = jax.jit(init_variables, static_argnums=0)(model, jax.random.key(0))
+    images = jax.random.uniform(jax.random.key(1), (4, 16, 16, 3))
+    (noises, clean, pred_noises, pred_images), updates = jax.jit(
+        lambda v, x, k: model.apply(v, x, k, train=True, mutable=["batch_stats"])
+    )(variables, images, jax.random.key(2))
+    for array in (noises, clean, pred_noises, pred_images):
+        assert array.shape == (4, 16, 16, 3) and array.dtype == jnp.float32
+    # The untrained (zero-head) model predicts zero noise, so its image estimate is x_t / signal_rate.
+    np.testing.assert_array_equal(pred_noises, 0.0)
+    # Training mode normalises with batch statistics: per-channel mean 0, variance ~1.
+    np.testing.assert_allclose(clean.mean(axis=(0, 1, 2)), 0.0, atol=1e-5)
+    np.testing.assert_allclose(clean.var(axis=(0, 1, 2)), 1.0, rtol=0.05)
+    assert set(updates["batch_stats"]) == {"normalizer", "network"}
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_outputs():
+    model = DiffusionModel(**TINY_MODEL, dtype=jnp.bfloat16)
+    variables = init_variables(model, jax.random.key(0))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(variables))
+    images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3))
+    outputs, _ = model.apply(variables, images, jax.random.key(2), train=True, mutable=["batch_stats"])
+    assert all(o.dtype == jnp.float32 for o in outputs)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_and_variables():
+    model = DiffusionModel(**TINY_MODEL)
+    variables = jax.jit(init_variables, static_argnums=0)(model, jax.random.key(0))
+    # Make the head non-zero so generation depends on the network, and set image statistics.
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.random.normal(jax.random.key(len(path)), x.shape) * 0.05 if "head" in str(path) else x,
+        variables["params"],
+    )
+    stats = dict(variables["batch_stats"])
+    stats["normalizer"] = {"mean": jnp.array([0.4, 0.5, 0.3]), "var": jnp.array([0.05, 0.06, 0.07])}
+    return model, {"params": params, "batch_stats": stats}
+
+
+def test_generate_shape_range_and_determinism(tiny_model_and_variables):
+    model, variables = tiny_model_and_variables
+    generate = generate_fn(model)
+    a = generate(variables, jax.random.key(0), num_images=3, diffusion_steps=4, eta=0.0)
+    b = generate(variables, jax.random.key(0), num_images=3, diffusion_steps=4, eta=0.0)
+    c = generate(variables, jax.random.key(1), num_images=3, diffusion_steps=4, eta=0.0)
+    assert a.shape == (3, 16, 16, 3) and a.dtype == jnp.float32
+    assert 0.0 <= float(a.min()) and float(a.max()) <= 1.0
+    np.testing.assert_array_equal(a, b)
+    assert float(jnp.abs(a - c).mean()) > 1e-3
+
+
+def test_generate_eta_zero_ignores_fresh_noise_and_eta_positive_uses_it(tiny_model_and_variables):
+    model, variables = tiny_model_and_variables
+    noise = jax.random.normal(jax.random.key(5), (2, 16, 16, 3))
+
+    @jax.jit
+    def run_jit(key, eta):
+        return model.apply(variables, key, 2, 4, eta, initial_noise=noise, method=DiffusionModel.generate)
+
+    def run(key, eta):
+        return run_jit(jax.random.key(key), jnp.float32(eta))
+
+    # Same initial noise, different keys: deterministic DDIM ignores the key, eta > 0 does not.
+    np.testing.assert_array_equal(run(0, 0.0), run(1, 0.0))
+    assert float(jnp.abs(run(0, 1.0) - run(1, 1.0)).mean()) > 1e-4
+    assert float(jnp.abs(run(0, 1.0) - run(0, 0.0)).mean()) > 1e-4
+
+
+def test_generate_with_one_step_and_denormalisation(tiny_model_and_variables):
+    model, variables = tiny_model_and_variables
+    zero_head = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.zeros_like(x) if "head" in str(path) else x, variables["params"]
+    )
+    noise = jnp.zeros((1, 16, 16, 3))
+    out = jax.jit(lambda v: model.apply(v, jax.random.key(0), 1, 1, initial_noise=noise,
+                                        method=DiffusionModel.generate))({**variables, "params": zero_head})
+    # Zero noise in, zero noise predicted: x_0 = 0 in normalised units, i.e. the dataset mean.
+    np.testing.assert_allclose(out[0, 0, 0], [0.4, 0.5, 0.3], atol=1e-6)
+
+
+def test_generate_rejects_non_positive_steps(tiny_model_and_variables):
+    model, variables = tiny_model_and_variables
+    with pytest.raises(ValueError, match="diffusion_steps"):
+        model.apply(variables, jax.random.key(0), 1, 0, method=DiffusionModel.generate)
