@@ -1,0 +1,228 @@
+"""Speed benchmark: training and sampling throughput, compile times, memory, FLOPs and machine peak.
+
+Run:  python benchmarks/bench.py --config configs/flowers64.toml [--set key=value ...] [--out result.json]
+
+Prints one JSON object (see README, "Benchmark"). Everything runs on the default JAX backend, so the same
+script measures a CPU, a GPU or a TPU. Training is timed on device-resident random batches (the model's
+compute); the input pipeline is timed separately when the dataset is available.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def flops_of(compiled) -> float | None:
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else {}
+    return float(analysis["flops"]) if analysis and "flops" in analysis else None
+
+
+def matmul_peak_gflops(size: int = 4096, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of a large jitted matmul: the machine's practical compute peak."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def bench_training(config, windows: int, window_steps: int) -> dict:
+    import jax
+    import numpy as np
+
+    from ddim import train as train_lib
+
+    t = config.train
+    state = train_lib.create_train_state(config, jax.random.key(0))
+    shape = (t.batch_size, config.model.image_size, config.model.image_size, config.model.channels)
+    batches = [
+        jax.device_put(np.random.default_rng(i).integers(0, 256, shape, dtype=np.uint8)) for i in range(4)
+    ]
+    step_fn, _ = train_lib.compiled_steps(t.ema_decay, t.ema_warmup)
+    rng = jax.random.key(1)
+    start = time.perf_counter()
+    compiled = step_fn.lower(state, batches[0], rng).compile()
+    compile_seconds = time.perf_counter() - start
+    flops = flops_of(compiled)
+    state, metrics = compiled(state, batches[0], rng)  # warm-up step
+    jax.block_until_ready(metrics)
+    rates, step_times = [], []
+    for window in range(windows):
+        start = time.perf_counter()
+        for i in range(window_steps):
+            state, metrics = compiled(state, batches[i % len(batches)], rng)
+        jax.block_until_ready((state, metrics))
+        seconds = (time.perf_counter() - start) / window_steps
+        step_times.append(seconds)
+        rates.append(t.batch_size / seconds)
+    step_seconds = statistics.median(step_times)
+    return {
+        "train_batch_size": t.batch_size,
+        "train_images_per_second": statistics.median(rates),
+        "train_seconds_per_step": step_seconds,
+        "train_window_images_per_second": rates,
+        "train_compile_seconds": compile_seconds,
+        "train_flops_per_step": flops,
+        "train_gflops_per_second": flops / step_seconds / 1e9 if flops else None,
+        "train_peak_rss_mb": peak_rss_mb(),
+        "_state": state,
+    }
+
+
+def bench_sampling(config, state, num_images: int, steps: int, repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from ddim.model import DiffusionModel, create_model
+    from ddim.sampling import generate_fn
+
+    model = create_model(config.model)
+    variables = {"params": state.ema_params, "batch_stats": state.ema_batch_stats}
+    fn = generate_fn(model)
+    rng = jax.random.key(0)
+    start = time.perf_counter()
+    compiled = fn.lower(variables, rng, num_images=num_images, diffusion_steps=steps, eta=jnp.float32(0)).compile()
+    compile_seconds = time.perf_counter() - start
+    compiled(variables, rng, eta=jnp.float32(0)).block_until_ready()
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        compiled(variables, jax.random.key(i), eta=jnp.float32(0)).block_until_ready()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    # FLOPs of one network evaluation at the sampling batch size (one DDIM step).
+    images = jnp.zeros((num_images, model.image_size, model.image_size, model.channels))
+    step_cost = jax.jit(
+        lambda v, x: model.apply(v, x, jnp.full((num_images, 1, 1, 1), 0.5), jnp.full((num_images, 1, 1, 1), 0.5),
+                                 train=False, method=DiffusionModel.denoise)
+    ).lower(variables, images).compile()
+    step_flops = flops_of(step_cost)
+    return {
+        "sample_num_images": num_images,
+        "sample_steps": steps,
+        "sample_images_per_second": num_images / seconds,
+        "sample_seconds": seconds,
+        "sample_compile_seconds": compile_seconds,
+        "sample_flops_per_step": step_flops,
+        "sample_gflops_per_second": step_flops * steps / seconds / 1e9 if step_flops else None,
+    }
+
+
+def bench_cli(config, state, num: int, steps: int) -> dict:
+    """Wall time of `ddim sample` in a fresh process, with a cold and then a warm compilation cache."""
+    from ddim.checkpoint import Checkpointer, checkpoint_dir
+    from ddim.train import state_to_dict
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir, cache = Path(tmp) / "run", Path(tmp) / "cache"
+        checkpointer = Checkpointer(checkpoint_dir(workdir))
+        checkpointer.save(int(state.step), state_to_dict(state), config)
+        checkpointer.close()
+        result = {}
+        for label in ("cold", "warm"):
+            command = [sys.executable, "-m", "ddim.cli", "sample", "--workdir", str(workdir), "--num", str(num),
+                       "--steps", str(steps), "--out", str(Path(tmp) / label), "--compilation-cache", str(cache)]
+            start = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True, cwd=REPO)
+            result[f"cli_sample_{label}_cache_seconds"] = time.perf_counter() - start
+        result["cli_sample_num"], result["cli_sample_steps"] = num, steps
+        return result
+
+
+def bench_input_pipeline(config, batches: int) -> dict:
+    from ddim import data
+
+    try:
+        start = time.perf_counter()
+        images = data.load_split(config, config.data.train_split)
+        load_seconds = time.perf_counter() - start
+    except data.DataError as error:
+        return {"input_pipeline": f"skipped: {error}"}
+    iterator = data.train_batches(images, config, 0, data.steps_per_epoch(config, len(images)))
+    next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    seconds = time.perf_counter() - start
+    return {
+        "input_load_seconds": load_seconds,
+        "input_cached_mb": images.nbytes / 2**20,
+        "input_pipeline_images_per_second": batches * config.train.batch_size / seconds,
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "flowers64.toml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
+    parser.add_argument("--windows", type=int, default=5, help="timing windows for training (median reported)")
+    parser.add_argument("--window-steps", type=int, default=5, help="training steps per window")
+    parser.add_argument("--sample-num", type=int, default=64)
+    parser.add_argument("--sample-steps", type=int, default=20)
+    parser.add_argument("--sample-repeats", type=int, default=3)
+    parser.add_argument("--cli-num", type=int, default=16)
+    parser.add_argument("--skip-cli", action="store_true", help="skip the end-to-end `ddim sample` timings")
+    parser.add_argument("--skip-input", action="store_true", help="skip the input pipeline timing")
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args(argv)
+
+    import jax
+
+    config = ddim.load_config(args.config, args.overrides)
+    result = {
+        "config": config.name,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "jax_version": jax.__version__,
+        "cpu_count": os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "model_dtype": config.model.dtype,
+    }
+    result.update(bench_training(config, args.windows, args.window_steps))
+    state = result.pop("_state")
+    result.update(bench_sampling(config, state, args.sample_num, args.sample_steps, args.sample_repeats))
+    if not args.skip_cli:
+        result.update(bench_cli(config, state, args.cli_num, args.sample_steps))
+    if not args.skip_input:
+        result.update(bench_input_pipeline(config, batches=20))
+    peak = matmul_peak_gflops(1024 if config.model.image_size < 32 else 4096)
+    result["matmul_peak_gflops_per_second"] = peak
+    for key in ("train", "sample"):
+        achieved = result.get(f"{key}_gflops_per_second")
+        result[f"{key}_fraction_of_matmul_peak"] = achieved / peak if achieved else None
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
