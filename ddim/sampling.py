@@ -16,24 +16,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddim import parallel
 from ddim.config import Config
 from ddim.images import to_uint8
 from ddim.model import DiffusionModel, create_model
 
 
 @functools.cache
-def generate_fn(model: DiffusionModel) -> Callable:
+def generate_fn(model: DiffusionModel, out_sharding=None) -> Callable:
     """``f(variables, rng, num_images, diffusion_steps, eta) -> float images``, jitted.
 
     ``num_images`` and ``diffusion_steps`` are static (the loop length and the
-    array shapes); ``eta`` is traced, so changing it does not recompile. Cached
-    per model (flax modules are hashable dataclasses).
+    array shapes); ``eta`` is traced, so changing it does not recompile. With
+    ``out_sharding`` (batch-sharded over a mesh) XLA splits the whole sampler
+    along the batch. Cached per model (flax modules are hashable dataclasses).
     """
 
     def generate(variables, rng, num_images, diffusion_steps, eta):
         return model.apply(variables, rng, num_images, diffusion_steps, eta, method=DiffusionModel.generate)
 
-    return jax.jit(generate, static_argnames=("num_images", "diffusion_steps"))
+    return jax.jit(generate, static_argnames=("num_images", "diffusion_steps"), out_shardings=out_sharding)
 
 
 def sample_variables(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -64,13 +66,17 @@ def generate_images(
     batch_size = min(batch_size or num_images, num_images)
     if batch_size < 1:
         raise ValueError(f"the batch size must be >= 1, got {batch_size}")
-    fn = generate_fn(model)
+    mesh = parallel.data_mesh()
+    variables = parallel.replicate(variables, mesh)
     base = jax.random.key(seed)
     outputs = []
     for index, start in enumerate(range(0, num_images, batch_size)):
         count = min(batch_size, num_images - start)
+        # Split the batch over the devices when it divides evenly; otherwise every device does all.
+        sharding = parallel.batch_sharded(mesh) if count % mesh.devices.size == 0 else parallel.replicated(mesh)
+        fn = generate_fn(model, sharding)
         images = fn(variables, jax.random.fold_in(base, index), count, steps, jnp.float32(eta))
-        outputs.append(to_uint8(jax.device_get(images)))
+        outputs.append(to_uint8(parallel.to_host(images)))
         if on_batch is not None:
             on_batch(count)
     return np.concatenate(outputs)

@@ -24,6 +24,7 @@ import optax
 from flax.training import train_state
 
 from ddim import data as data_lib
+from ddim import parallel
 from ddim.checkpoint import Checkpointer, checkpoint_dir, model_config_mismatch
 from ddim.config import Config
 from ddim.images import make_grid, save_png
@@ -49,8 +50,11 @@ def create_optimizer(config: Config) -> optax.GradientTransformation:
     return optax.adamw(t.learning_rate, b1=0.9, b2=0.999, eps=t.adam_eps, weight_decay=t.weight_decay)
 
 
-def create_train_state(config: Config, rng, model: DiffusionModel | None = None) -> TrainState:
-    """A fresh state: initial parameters, AdamW, EMA weights equal to the parameters."""
+def create_train_state(config: Config, rng, model: DiffusionModel | None = None, mesh=None) -> TrainState:
+    """A fresh state: initial parameters, AdamW, EMA weights equal to the parameters.
+
+    The state is replicated over ``mesh`` (default: all devices).
+    """
     model = model or create_model(config.model)
     variables = jax.jit(functools.partial(init_variables, model))(rng)
     params, batch_stats = variables["params"], variables["batch_stats"]
@@ -64,7 +68,8 @@ def create_train_state(config: Config, rng, model: DiffusionModel | None = None)
         ema_batch_stats=jax.tree.map(jnp.copy, batch_stats),
     )
     # An array (not a Python int) so checkpoints restore it like every other leaf.
-    return state.replace(step=jnp.zeros((), jnp.int32))
+    state = state.replace(step=jnp.zeros((), jnp.int32))
+    return parallel.replicate(state, mesh or parallel.data_mesh())
 
 
 def ema_decay_at(step, decay: float, warmup: bool):
@@ -122,13 +127,25 @@ def eval_step(state: TrainState, images, rng):
     return {"noise_loss": mean_absolute_error(noises, pred_noises), "image_loss": mean_absolute_error(clean, pred_images)}
 
 
+def compiled_steps(ema_decay: float, ema_warmup: bool, mesh=None):
+    """Jitted train and eval steps over ``mesh`` (default: all devices).
+
+    Inputs arrive replicated (state, key) and batch-sharded (images); outputs
+    are pinned replicated, so XLA all-reduces gradients and BatchNorm
+    statistics across devices. The train step donates the old state.
+    """
+    return _compiled_steps(ema_decay, ema_warmup, mesh or parallel.data_mesh())
+
+
 @functools.cache
-def compiled_steps(ema_decay: float, ema_warmup: bool):
-    """Jitted train and eval steps; the train step donates the old state (updated in place)."""
+def _compiled_steps(ema_decay: float, ema_warmup: bool, mesh):
+    replicated = parallel.replicated(mesh)
     step = jax.jit(
-        functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup), donate_argnums=(0,)
+        functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup),
+        donate_argnums=(0,),
+        out_shardings=(replicated, replicated),
     )
-    return step, jax.jit(eval_step)
+    return step, jax.jit(eval_step, out_shardings=replicated)
 
 
 def set_normalizer_stats(state: TrainState, mean, var) -> TrainState:
@@ -210,7 +227,7 @@ class _StopRequest:
 
 def _fetch(pending: list[dict[str, Any]], step: int) -> dict[str, float]:
     """Bring the metrics of the pending steps to the host, averaged; fail on a non-finite loss."""
-    values = jax.device_get(pending)
+    values = parallel.to_host(pending)
     pending.clear()
     for offset, metrics in enumerate(values):
         if not all(np.isfinite(v) for v in metrics.values()):
@@ -221,11 +238,16 @@ def _fetch(pending: list[dict[str, Any]], step: int) -> dict[str, float]:
 
 def evaluate(state: TrainState, val_images, config: Config, rng) -> dict[str, float]:
     """Mean validation losses over the validation batches, with a fixed key per batch."""
-    _, eval_fn = compiled_steps(config.train.ema_decay, config.train.ema_warmup)
-    results = [eval_fn(state, batch, jax.random.fold_in(rng, i)) for i, batch in enumerate(data_lib.eval_batches(val_images, config))]
+    mesh = parallel.data_mesh()
+    _, eval_fn = compiled_steps(config.train.ema_decay, config.train.ema_warmup, mesh)
+    rows = parallel.process_slice(config.train.batch_size)
+    results = [
+        eval_fn(state, parallel.global_batch(batch[rows], mesh), jax.random.fold_in(rng, i))
+        for i, batch in enumerate(data_lib.eval_batches(val_images, config))
+    ]
     if not results:
         return {}
-    results = jax.device_get(results)
+    results = parallel.to_host(results)
     return {name: float(np.mean([r[name] for r in results])) for name in results[0]}
 
 
@@ -253,10 +275,13 @@ def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
         total_steps = min(total_steps, t.max_steps)
     val_images = data_lib.load_split(config, config.data.val_split) if t.eval_every else None
 
+    mesh = parallel.data_mesh()
+    parallel.check_batch_size(t.batch_size, mesh)
+    rows = parallel.process_slice(t.batch_size)  # this process's part of every global batch
     model = create_model(config.model)
     base_rng = jax.random.key(t.seed)
     init_rng, train_rng, eval_rng, grid_rng = jax.random.split(base_rng, 4)
-    state = create_train_state(config, init_rng, model)
+    state = create_train_state(config, init_rng, model, mesh)
 
     checkpointer = Checkpointer(checkpoint_dir(workdir), keep=t.keep_checkpoints)
     latest = checkpointer.latest_step()
@@ -270,7 +295,7 @@ def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
         # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
         # run denormalises its samples correctly.
         first = data_lib.epoch_batches(train_images, config, epoch=0).take(t.normalizer_batches)
-        state = set_normalizer_stats(state, *image_statistics(first.as_numpy_iterator()))
+        state = parallel.replicate(set_normalizer_stats(state, *image_statistics(first.as_numpy_iterator())), mesh)
     start_step = int(state.step)
 
     progress = Progress(total_steps, start_step, description=config.name)
@@ -287,7 +312,7 @@ def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
         return TrainResult(state, start_step, start_step, False, {})
 
     writer = SummaryWriter(workdir / "tensorboard") if is_writer else None
-    step_fn, _ = compiled_steps(t.ema_decay, t.ema_warmup)
+    step_fn, _ = compiled_steps(t.ema_decay, t.ema_warmup, mesh)
     batches = data_lib.train_batches(train_images, config, start_step, steps_per_epoch)
     pending: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
@@ -302,7 +327,8 @@ def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
     try:
         with _StopRequest() as stop:
             while step < total_steps:
-                state, step_metrics = step_fn(state, next(batches), train_rng)
+                images = parallel.global_batch(next(batches)[rows], mesh)
+                state, step_metrics = step_fn(state, images, train_rng)
                 pending.append(step_metrics)
                 step += 1
                 throughput.add(t.batch_size)
@@ -316,7 +342,7 @@ def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
                     save(step, state)
                 epoch = step // steps_per_epoch
                 eval_due = t.eval_every and ((epoch_end and epoch % t.eval_every == 0) or step == total_steps)
-                if eval_due and is_writer:
+                if eval_due:  # every process computes (collectives); only process 0 writes
                     _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir, writer, epoch, step, say)
                     throughput.measure()  # evaluation time is not training throughput
                 if stop.requested:
@@ -368,11 +394,12 @@ def _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir,
     started = time.perf_counter()
     val = evaluate(state, val_images, config, eval_rng) if val_images is not None else {}
     grid = sample_grid(model, state, config, grid_rng)
+    if writer is None:  # not process 0: it took part in the computations, it writes nothing
+        return
     grid_dir = workdir / "samples"
     grid_dir.mkdir(exist_ok=True)
     path = save_png(grid, grid_dir / f"step_{step:07d}.png")
-    if writer:
-        writer.scalars(step, {f"val/{k}": v for k, v in val.items()})
-        writer.image(step, "samples", grid)
-        writer.flush()
+    writer.scalars(step, {f"val/{k}": v for k, v in val.items()})
+    writer.image(step, "samples", grid)
+    writer.flush()
     say(f"epoch {epoch} (step {step}): val {format_metrics(val)}; grid {path} ({time.perf_counter() - started:.1f}s)")

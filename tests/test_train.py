@@ -129,8 +129,8 @@ def _patched_steps(monkeypatch, after_step):
     real = train_lib.compiled_steps
     counter = {"n": 0}
 
-    def fake(decay, warmup):
-        step_fn, eval_fn = real(decay, warmup)
+    def fake(decay, warmup, mesh=None):
+        step_fn, eval_fn = real(decay, warmup, mesh)
 
         def wrapped(state, images, rng):
             state, metrics = step_fn(state, images, rng)
