@@ -39,9 +39,9 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
         return False
     if coordinator is not None and (num_processes is None or process_id is None):
         raise ParallelError("--coordinator needs --num-processes and --process-id")
-    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
-        # CPU collectives across processes need an implementation (gloo ships with jaxlib).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # CPU collectives across processes need an implementation (gloo ships with jaxlib); this only
+    # concerns the CPU client, and must not query the backend (that would start it too early).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
     return True
 

@@ -1,0 +1,81 @@
+"""Run in a subprocess by test_parallel.py, with XLA_FLAGS forcing N host devices (must precede JAX).
+
+Usage: python -m tests.multidevice_worker MODE ARGS_JSON; prints one JSON line with the results.
+"""
+
+import json
+import sys
+
+import ddim  # noqa: F401  (XLA flags first)
+import jax
+import numpy as np
+
+
+def step_mode(args):
+    """A few train steps from a fixed state and batch: losses, checksums, sharding of the batch."""
+    from ddim import parallel
+    from ddim import train as train_lib
+    from tests.conftest import tiny_config
+
+    config = tiny_config()
+    mesh = parallel.data_mesh()
+    state = train_lib.create_train_state(config, jax.random.key(0), mesh=mesh)
+    step_fn, _ = train_lib.compiled_steps(config.train.ema_decay, True, mesh)
+    rng = np.random.default_rng(0)
+    losses, grads_norms = [], []
+    for i in range(3):
+        batch = rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8)
+        images = parallel.global_batch(batch, mesh)
+        shards = len(images.addressable_shards)
+        shard_rows = images.addressable_shards[0].data.shape[0]
+        state, metrics = step_fn(state, images, jax.random.key(1))
+        losses.append(float(metrics["noise_loss"]))
+    params = jax.tree.leaves(jax.device_get(state.params))
+    stats = jax.tree.leaves(jax.device_get(state.batch_stats))
+    return {
+        "devices": jax.device_count(),
+        "losses": losses,
+        "params": [float(np.sum(np.abs(p))) for p in params],
+        "batch_stats": [float(np.sum(s)) for s in stats],
+        "batch_spec": list(images.sharding.spec),
+        "shards": shards,
+        "shard_rows": shard_rows,
+        "state_replicated": all(x.sharding.is_fully_replicated for x in jax.tree.leaves(state)),
+    }
+
+
+def train_mode(args):
+    """ddim.train.train on mock data up to args['max_steps'] in args['workdir']."""
+    from ddim import train as train_lib
+    from tests.conftest import mock_flowers, tiny_config
+
+    overrides = [f"train.max_steps={args['max_steps']}", "train.log_every=1", "train.eval_every=0"]
+    overrides += args.get("overrides", [])
+    try:
+        with mock_flowers():
+            result = train_lib.train(tiny_config(*overrides), args["workdir"], log=lambda m: None)
+    except Exception as error:  # reported to the test, which checks the message
+        return {"error": f"{type(error).__name__}: {error}"}
+    params = jax.tree.leaves(jax.device_get(result.state.params))
+    return {
+        "devices": jax.device_count(),
+        "processes": jax.process_count(),
+        "start": result.start_step,
+        "final": result.final_step,
+        "metrics": result.last_metrics,
+        "params": [float(np.sum(np.abs(p))) for p in params],
+    }
+
+
+def distributed_mode(args):
+    """One of several processes: initialise jax.distributed, then train like train_mode."""
+    from ddim import parallel
+
+    parallel.initialize_distributed(args["coordinator"], args["num_processes"], args["process_id"])
+    return train_mode(args)
+
+
+if __name__ == "__main__":
+    mode, raw = sys.argv[1], json.loads(sys.argv[2])
+    result = {"step": step_mode, "train": train_mode, "distributed": distributed_mode}[mode](raw)
+    print("RESULT " + json.dumps(result), flush=True)
