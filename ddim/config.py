@@ -110,6 +110,14 @@ class TrainConfig:
     """Columns of the sample grid."""
     sample_steps: int = 20
     """DDIM steps used for the sample grid during training."""
+    kid_images: int = 1000
+    """Images generated for a cheap KID estimate at every evaluation (0 disables; needs InceptionV3 weights)."""
+    kid_steps: int = 5
+    """DDIM steps of the KID estimate's images (the Keras example uses 5)."""
+    keep_best: bool = True
+    """With KID on: also keep the checkpoint with the lowest KID in <workdir>/best."""
+    inception_weights: str = ""
+    """InceptionV3 weights file for KID; empty: $DDIM_INCEPTION_WEIGHTS or Keras' cache (see ddim eval)."""
 
 
 @dataclass
@@ -255,6 +263,7 @@ def validate(config: Config) -> None:
         "train.grid_rows": t.grid_rows,
         "train.grid_cols": t.grid_cols,
         "train.sample_steps": t.sample_steps,
+        "train.kid_steps": t.kid_steps,
         "data.dataset_repetitions": d.dataset_repetitions,
         "data.shuffle_buffer": d.shuffle_buffer,
     }
@@ -266,10 +275,13 @@ def validate(config: Config) -> None:
         "train.eval_every": t.eval_every,
         "train.eval_batches": t.eval_batches,
         "train.normalizer_batches": t.normalizer_batches,
+        "train.kid_images": t.kid_images,
     }.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if not 0.0 <= t.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay must be in [0, 1), got {t.ema_decay}")
+    if t.kid_images == 1:
+        raise ConfigError("train.kid_images must be 0 (off) or >= 2")
     if t.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}")

@@ -10,6 +10,7 @@ step's noise comes from ``fold_in(key, step)`` and the data order from
 from __future__ import annotations
 
 import functools
+import json
 import signal
 import time
 from dataclasses import dataclass
@@ -260,8 +261,13 @@ def sample_grid(model: DiffusionModel, state: TrainState, config: Config, rng) -
     return make_grid(images, rows=t.grid_rows, cols=t.grid_cols)
 
 
-def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
-    """Train (or resume training) ``config`` in ``workdir``; see the module docstring."""
+def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=None) -> TrainResult:
+    """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
+
+    ``log`` receives progress lines (default: the progress display);
+    ``kid_extractor_factory(image_size)`` replaces InceptionV3 for the KID
+    monitor (tests inject a small random network; the CLI never does).
+    """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     t = config.train
@@ -312,6 +318,7 @@ def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
         return TrainResult(state, start_step, start_step, False, {})
 
     writer = SummaryWriter(workdir / "tensorboard") if is_writer else None
+    kid_monitor = KidMonitor.create(config, workdir, say, kid_extractor_factory)
     step_fn, _ = compiled_steps(t.ema_decay, t.ema_warmup, mesh)
     batches = data_lib.train_batches(train_images, config, start_step, steps_per_epoch)
     pending: list[dict[str, Any]] = []
@@ -343,7 +350,8 @@ def train(config: Config, workdir: str | Path, log=None) -> TrainResult:
                 epoch = step // steps_per_epoch
                 eval_due = t.eval_every and ((epoch_end and epoch % t.eval_every == 0) or step == total_steps)
                 if eval_due:  # every process computes (collectives); only process 0 writes
-                    _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir, writer, epoch, step, say)
+                    _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir, writer, epoch, step,
+                                  say, kid_monitor)
                     throughput.measure()  # evaluation time is not training throughput
                 if stop.requested:
                     interrupted = True
@@ -390,10 +398,79 @@ def _deleted(state: TrainState) -> bool:
     return any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
 
 
-def _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir, writer, epoch, step, say):
+class KidMonitor:
+    """A cheap KID estimate at every evaluation, and the best-KID checkpoint in ``<workdir>/best``.
+
+    KID is computed like the Keras example monitors it (InceptionV3 at 75x75,
+    ``train.kid_images`` images of ``train.kid_steps`` DDIM steps, against the
+    validation images). The best value so far is kept in ``best/best.json`` so
+    a resumed run keeps comparing against it.
+    """
+
+    BEST_DIR = "best"
+
+    def __init__(self, config: Config, workdir: Path, extractor, real_features: np.ndarray):
+        self.config = config
+        self.extractor = extractor
+        self.real = real_features
+        self.best_dir = workdir / self.BEST_DIR
+        self.best_file = self.best_dir / "best.json"
+        self.best = json.loads(self.best_file.read_text())["kid"] if self.best_file.is_file() else float("inf")
+
+    @classmethod
+    def create(cls, config: Config, workdir: Path, say, extractor_factory=None) -> "KidMonitor | None":
+        """The monitor, or None (with a warning) when KID is off or InceptionV3 weights are missing."""
+        t = config.train
+        if not (t.kid_images and t.eval_every):
+            return None
+        from ddim import evaluation
+
+        try:
+            if extractor_factory is not None:
+                extractor = extractor_factory(evaluation.KID_IMAGE_SIZE)
+            else:
+                extractor = evaluation.kid_feature_extractor(t.inception_weights or None, batch_size=t.batch_size)
+            cache_dir = workdir / evaluation.CACHE_DIR
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            (real,) = evaluation.real_features(config, "val", None, [extractor], cache_dir)
+        except evaluation.EvaluationError as error:
+            say(f"warning: KID monitoring is off: {error}")
+            return None
+        return cls(config, workdir, extractor, real)
+
+    def __call__(self, model, state: TrainState, step: int) -> dict[str, float]:
+        from ddim import evaluation
+
+        t = self.config.train
+        variables = {"params": state.ema_params, "batch_stats": state.ema_batch_stats}
+        mean, std = evaluation.cheap_kid(
+            model, variables, self.real, self.extractor, num_images=t.kid_images, steps=t.kid_steps,
+            seed=t.seed, batch_size=t.batch_size,
+        )
+        return {"kid": mean, "kid_std": std}
+
+    def keep_if_best(self, kid: float, step: int, state: TrainState) -> bool:
+        """Save ``state`` to ``best/`` when ``kid`` beats every earlier value."""
+        if not self.config.train.keep_best or not kid < self.best:
+            return False
+        checkpointer = Checkpointer(self.best_dir, keep=1)
+        if checkpointer.latest_step() != step:
+            checkpointer.save(step, state_to_dict(state), self.config)
+        checkpointer.close()
+        self.best = kid
+        if jax.process_index() == 0:
+            self.best_file.write_text(json.dumps({"kid": kid, "step": step}) + "\n")
+        return True
+
+
+def _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir, writer, epoch, step, say, kid=None):
     started = time.perf_counter()
     val = evaluate(state, val_images, config, eval_rng) if val_images is not None else {}
     grid = sample_grid(model, state, config, grid_rng)
+    best = False
+    if kid is not None:
+        val.update(kid(model, state, step))
+        best = kid.keep_if_best(val["kid"], step, state)
     if writer is None:  # not process 0: it took part in the computations, it writes nothing
         return
     grid_dir = workdir / "samples"
@@ -402,4 +479,7 @@ def _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir,
     writer.scalars(step, {f"val/{k}": v for k, v in val.items()})
     writer.image(step, "samples", grid)
     writer.flush()
-    say(f"epoch {epoch} (step {step}): val {format_metrics(val)}; grid {path} ({time.perf_counter() - started:.1f}s)")
+    say(
+        f"epoch {epoch} (step {step}): val {format_metrics(val)}{' (best so far)' if best else ''}; "
+        f"grid {path} ({time.perf_counter() - started:.1f}s)"
+    )

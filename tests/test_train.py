@@ -187,3 +187,29 @@ def test_crash_saves_the_last_finite_state(tmp_path, monkeypatch):
         train_lib.train(tiny_config("train.max_steps=8", "train.eval_every=0"), tmp_path, log=lambda m: None)
     # Three steps ran before the crash and their losses were finite: that state is saved.
     assert Checkpointer(checkpoint_dir(tmp_path)).latest_step() == 3
+
+
+def test_kid_monitor_logs_kid_and_keeps_the_best_checkpoint(tmp_path):
+    """KID during training, with a small *random* feature network injected in place of InceptionV3
+    (the real monitor refuses to run without the InceptionV3 weights)."""
+    import json
+
+    from tests.test_evaluation import tiny_extractor
+
+    overrides = ["train.kid_images=8", "train.kid_steps=2", "train.eval_every=1", "train.max_steps=8"]
+    with mock_flowers():
+        train_lib.train(tiny_config(*overrides), tmp_path, log=lambda m: None, kid_extractor_factory=tiny_extractor)
+    best = json.loads((tmp_path / "best" / "best.json").read_text())
+    assert best["step"] in (4, 8) and np.isfinite(best["kid"])
+    assert Checkpointer(tmp_path / "best").all_steps() == [best["step"]]
+    assert list((tmp_path / "eval_cache").glob("real_*.npz"))
+
+
+def test_kid_monitor_without_weights_warns_and_trains_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDIM_INCEPTION_WEIGHTS", str(tmp_path / "missing.h5"))
+    messages = []
+    with mock_flowers():
+        result = train_lib.train(tiny_config("train.kid_images=8", "train.max_steps=2"), tmp_path / "run",
+                                 log=messages.append)
+    assert result.final_step == 2
+    assert any(m.startswith("warning: KID monitoring is off") for m in messages), messages
