@@ -36,14 +36,18 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from ddim.config import ConfigError
     from ddim.data import DataError
     from ddim.images import OutputError
+    from ddim.parallel import ParallelError
 
-    errors: list[type[BaseException]] = [ConfigError, CheckpointError, DataError, OutputError]
+    errors: list[type[BaseException]] = [ConfigError, CheckpointError, DataError, OutputError, ParallelError]
     try:
         from ddim.train import TrainingError
 
         errors.append(TrainingError)
     except ImportError:  # pragma: no cover
         pass
+    from ddim.evaluation import EvaluationError
+
+    errors.append(EvaluationError)
     return tuple(errors)
 
 
@@ -70,6 +74,11 @@ def train(
     workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory (default: runs/<config name>)."),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
     compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    coordinator: Optional[str] = typer.Option(
+        None, "--coordinator", help="Multi-host: address host:port of process 0 (or set DDIM_DISTRIBUTED=1)."
+    ),
+    num_processes: Optional[int] = typer.Option(None, "--num-processes", help="Multi-host: number of processes."),
+    process_id: Optional[int] = typer.Option(None, "--process-id", help="Multi-host: index of this process."),
 ):
     """Train (or resume training) a DDIM; Ctrl-C saves a checkpoint, running again resumes."""
     from ddim.config import ConfigError, load_config
@@ -79,10 +88,12 @@ def train(
     except ConfigError as error:
         fail(str(error))
     _setup_runtime(compilation_cache)
+    from ddim.parallel import initialize_distributed
     from ddim.train import train as run_training
 
     workdir = workdir or DEFAULT_RUNS_DIR / cfg.name
     try:
+        initialize_distributed(coordinator, num_processes, process_id)
         result = run_training(cfg, workdir)
     except _expected_errors() as error:
         fail(str(error))
@@ -156,6 +167,59 @@ def sample(
         fail(str(error))
     elapsed = time.perf_counter() - started
     typer.echo(f"wrote {num} images{' and grid.png' if grid else ''} to {out} in {elapsed:.1f}s")
+
+
+@app.command("eval")
+def eval_command(
+    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory whose latest checkpoint to score (eval.jsonl and eval_cache/ go there)."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
+    num: int = typer.Option(5000, "--num", "-n", help="Number of generated images."),
+    steps: int = typer.Option(20, "--steps", help="DDIM steps."),
+    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the generated images and of the KID subsets."),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated (and featurised) at once; bounds memory."),
+    real_num: Optional[int] = typer.Option(None, "--real-num", help="Use at most this many real images (a fixed random subset; default: the whole split)."),
+    split: str = typer.Option("val", "--split", help="Real images: 'val' (data.val_split, default) or 'train' (data.train_split)."),
+    inception_weights: Optional[Path] = typer.Option(
+        None,
+        "--inception-weights",
+        help="Keras' InceptionV3 'notop' .h5 weights file (default: $DDIM_INCEPTION_WEIGHTS, then "
+        "~/.keras/models/, then a Keras download).",
+    ),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Score a checkpoint's samples: KID (InceptionV3 at 75px) and FID (299px) against real images.
+
+    Prints a table and appends one JSON line to <workdir>/eval.jsonl.
+    """
+    _require_positive(steps=steps, batch_size=batch_size)
+    for name, value in (("num", num), ("real-num", real_num)):
+        if value is not None and value < 2:
+            fail(f"--{name} must be >= 2 for KID and FID (got {value})", code=2)
+    if eta < 0:
+        fail(f"--eta must be >= 0 (got {eta})", code=2)
+    if split not in ("val", "train"):
+        fail(f"--split must be 'val' or 'train' (got {split!r})", code=2)
+    source = checkpoint or workdir or _default_checkpoint_source()
+    _setup_runtime(compilation_cache)
+    from ddim.evaluation import evaluate_checkpoint, format_table
+
+    try:
+        result = evaluate_checkpoint(
+            source,
+            num=num,
+            steps=steps,
+            eta=eta,
+            seed=seed,
+            batch_size=batch_size,
+            real_num=real_num,
+            split=split,
+            weights=inception_weights,
+        )
+    except _expected_errors() as error:
+        fail(str(error))
+    typer.echo(format_table(result))
+    typer.echo(f"appended to {result['eval_file']}")
 
 
 def main() -> None:  # pragma: no cover - console script entry point

@@ -318,7 +318,7 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
         return TrainResult(state, start_step, start_step, False, {})
 
     writer = SummaryWriter(workdir / "tensorboard") if is_writer else None
-    kid_monitor = KidMonitor.create(config, workdir, say, kid_extractor_factory)
+    kid_monitor = KidMonitor.create(config, workdir, say, kid_extractor_factory, val_images)
     step_fn, _ = compiled_steps(t.ema_decay, t.ema_warmup, mesh)
     batches = data_lib.train_batches(train_images, config, start_step, steps_per_epoch)
     pending: list[dict[str, Any]] = []
@@ -418,7 +418,7 @@ class KidMonitor:
         self.best = json.loads(self.best_file.read_text())["kid"] if self.best_file.is_file() else float("inf")
 
     @classmethod
-    def create(cls, config: Config, workdir: Path, say, extractor_factory=None) -> "KidMonitor | None":
+    def create(cls, config: Config, workdir: Path, say, extractor_factory=None, val_images=None) -> "KidMonitor | None":
         """The monitor, or None (with a warning) when KID is off or InceptionV3 weights are missing."""
         t = config.train
         if not (t.kid_images and t.eval_every):
@@ -432,8 +432,8 @@ class KidMonitor:
                 extractor = evaluation.kid_feature_extractor(t.inception_weights or None, batch_size=t.batch_size)
             cache_dir = workdir / evaluation.CACHE_DIR
             cache_dir.mkdir(parents=True, exist_ok=True)
-            (real,) = evaluation.real_features(config, "val", None, [extractor], cache_dir)
-        except evaluation.EvaluationError as error:
+            (real,) = evaluation.real_features(config, "val", None, [extractor], cache_dir, images=val_images)
+        except (evaluation.EvaluationError, data_lib.DataError) as error:
             say(f"warning: KID monitoring is off: {error}")
             return None
         return cls(config, workdir, extractor, real)

@@ -1,0 +1,352 @@
+"""Sample-quality evaluation (ddim/evaluation.py and ``ddim eval``).
+
+The real InceptionV3 weights cannot be downloaded here, so the end-to-end tests
+inject a *small, randomly initialised* Keras network (2048-d output) in place of
+InceptionV3, by monkeypatching ``FeatureExtractor.inception`` (the only place the
+CLI builds its network) or by passing ``feature_extractor_factory``. Everything
+else runs for real: weights-file resolution, resizing and ``preprocess_input``
+in TensorFlow, sampling the checkpoint, the real-feature cache, KID/FID and
+eval.jsonl. Separate tests check that without a weights file the CLI refuses
+to run (one error line, no traceback) instead of falling back to random weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddim import evaluation
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.toml"
+MOCK_EXAMPLES = 24
+
+# A few seconds to train on a 2-core CPU; the model only has to produce a checkpoint.
+TINY_MODEL = [
+    "model.image_size=16",
+    "model.widths=[8, 16]",
+    "model.block_depth=1",
+    "model.embedding_dims=8",
+    "data.dataset_repetitions=1",
+    "data.shuffle_buffer=16",
+    "train.batch_size=8",
+    "train.max_steps=2",
+    "train.log_every=2",
+    "train.checkpoint_every=2",
+    "train.normalizer_batches=1",
+    "train.eval_every=0",
+]
+
+
+def mock_data():
+    import tensorflow_datasets as tfds
+
+    return tfds.testing.mock_data(num_examples=MOCK_EXAMPLES)
+
+
+@pytest.fixture(scope="session")
+def smoke_workdir(tmp_path_factory) -> Path:
+    """A tiny model trained for 2 steps on TFDS mock data (one checkpoint, step 2)."""
+    from ddim.config import load_config
+    from ddim.train import train
+
+    workdir = tmp_path_factory.mktemp("eval_smoke")
+    with mock_data():
+        train(load_config(SMOKE, TINY_MODEL), workdir, log=lambda message: None)
+    return workdir
+
+
+def tiny_network(image_size: int):
+    """A random conv net with InceptionV3's output shape (N, 2048); fixed seeds, so always the same weights."""
+    _, keras = evaluation.tf_keras()
+    inputs = keras.Input((image_size, image_size, 3))
+    x = keras.layers.Conv2D(
+        8, 3, strides=4, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=1)
+    )(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(2048, kernel_initializer=keras.initializers.GlorotUniform(seed=2))(x)
+    return keras.Model(inputs, outputs)
+
+
+def tiny_extractor(image_size: int, batch_size: int = 32) -> evaluation.FeatureExtractor:
+    return evaluation.FeatureExtractor(tiny_network(image_size), image_size, f"test-random-net@{image_size}", batch_size)
+
+
+@pytest.fixture
+def random_inception(monkeypatch):
+    """Replace InceptionV3 by the tiny random network where the CLI builds it; records the weights paths."""
+    calls = []
+
+    def fake_inception(cls, image_size, weights, batch_size=32, identity=None):
+        calls.append((image_size, Path(weights)))
+        return tiny_extractor(image_size, batch_size)
+
+    monkeypatch.setattr(evaluation.FeatureExtractor, "inception", classmethod(fake_inception))
+    return calls
+
+
+@pytest.fixture
+def no_weights_anywhere(monkeypatch, tmp_path):
+    """No --inception-weights, no $DDIM_INCEPTION_WEIGHTS, an empty Keras cache and no network."""
+    monkeypatch.delenv(evaluation.WEIGHTS_ENV, raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+
+    def offline():
+        raise Exception(f"URL fetch failure on {evaluation.WEIGHTS_URL}: None -- [Errno -2] Name or service not known")
+
+    monkeypatch.setattr(evaluation, "_download_weights", offline)
+
+
+def run_cli(*args: str):
+    from typer.testing import CliRunner
+
+    from ddim.cli import app
+
+    return CliRunner().invoke(app, ["eval", *args])
+
+
+def eval_lines(workdir: Path) -> list[dict]:
+    path = workdir / evaluation.EVAL_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def test_weights_are_resolved_option_then_env_then_keras_cache(monkeypatch, tmp_path, no_weights_anywhere):
+    option, env = tmp_path / "option.h5", tmp_path / "env.h5"
+    cached = tmp_path / "keras_home" / "models" / evaluation.WEIGHTS_FILE
+    for path in (option, env, cached):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    monkeypatch.setenv(evaluation.WEIGHTS_ENV, str(env))
+    assert evaluation.resolve_weights(option) == option
+    assert evaluation.resolve_weights() == env
+    monkeypatch.delenv(evaluation.WEIGHTS_ENV)
+    assert evaluation.resolve_weights() == cached
+    cached.unlink()
+    with pytest.raises(evaluation.EvaluationError, match="Name or service not known"):
+        evaluation.resolve_weights()
+
+
+def test_a_named_weights_file_that_does_not_exist_is_an_error_not_a_fallback(monkeypatch, tmp_path, no_weights_anywhere):
+    cached = tmp_path / "keras_home" / "models" / evaluation.WEIGHTS_FILE
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"x")
+    with pytest.raises(evaluation.EvaluationError, match="does not exist"):
+        evaluation.resolve_weights(tmp_path / "missing.h5")
+    monkeypatch.setenv(evaluation.WEIGHTS_ENV, str(tmp_path / "missing.h5"))
+    with pytest.raises(evaluation.EvaluationError, match=r"\$DDIM_INCEPTION_WEIGHTS"):
+        evaluation.resolve_weights()
+
+
+def test_inception_never_builds_with_random_weights():
+    with pytest.raises(evaluation.EvaluationError, match=evaluation.WEIGHTS_FILE):
+        evaluation.FeatureExtractor.inception(75, None)
+
+
+def test_eval_without_weights_fails_with_one_clear_line(smoke_workdir, no_weights_anywhere):
+    before = eval_lines(smoke_workdir)
+    result = run_cli("--workdir", str(smoke_workdir), "--num", "4")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert line.startswith("error: InceptionV3 weights not found")
+    for needed in (evaluation.WEIGHTS_FILE, evaluation.WEIGHTS_ENV, "--inception-weights", "keras_home/models"):
+        assert needed in line
+    assert "Traceback" not in result.output
+    assert eval_lines(smoke_workdir) == before
+
+
+def test_eval_with_a_missing_weights_path_fails_with_one_line(smoke_workdir, tmp_path, no_weights_anywhere):
+    result = run_cli("--workdir", str(smoke_workdir), "--inception-weights", str(tmp_path / "nope.h5"))
+    assert result.exit_code == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "nope.h5" in result.stderr
+    assert "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--num", "1"], "--num must be >= 2"), (["--split", "test"], "--split"), (["--eta", "-1"], "--eta")],
+)
+def test_eval_rejects_bad_arguments(tmp_path, args, message):
+    result = run_cli("--workdir", str(tmp_path), *args)
+    assert result.exit_code == 2 and message in result.stderr
+
+
+# --------------------------------------------------------------------------- feature extraction
+
+
+def test_feature_extractor_batches_resizes_and_accepts_grayscale():
+    extractor = tiny_extractor(75, batch_size=3)
+    images = np.random.default_rng(0).integers(0, 256, size=(7, 16, 16, 3), dtype=np.uint8)
+    features = extractor(images)
+    assert features.shape == (7, 2048) and features.dtype == np.float32
+    np.testing.assert_allclose(tiny_extractor(75, batch_size=64)(images), features, rtol=1e-5, atol=1e-6)
+    gray = images[..., :1]
+    np.testing.assert_allclose(extractor(gray), extractor(np.repeat(gray, 3, axis=-1)), rtol=1e-6)
+    with pytest.raises(ValueError, match="uint8"):
+        extractor(images.astype(np.float32))
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # Keras' own saver
+def test_inception_loads_a_keras_h5_weights_file(tmp_path):
+    """The real InceptionV3 architecture at 75px, with a legacy .h5 file saved from a random init:
+    FeatureExtractor.inception must load exactly those weights (not start from random ones)."""
+    h5py = pytest.importorskip("h5py")
+    try:
+        from keras.src.legacy.saving import legacy_h5_format
+    except ImportError:  # pragma: no cover - Keras moved its private saver
+        pytest.skip("Keras' legacy .h5 saver is not available")
+    _, keras = evaluation.tf_keras()
+    source = keras.applications.InceptionV3(include_top=False, weights=None, pooling="avg", input_shape=(75, 75, 3))
+    path = tmp_path / evaluation.WEIGHTS_FILE
+    with h5py.File(path, "w") as file:
+        legacy_h5_format.save_weights_to_hdf5_group(file, source)
+    extractor = evaluation.FeatureExtractor.inception(75, path, batch_size=2)
+    assert extractor.identity.endswith(evaluation.file_md5(path)) and "75px" in extractor.identity
+    images = np.random.default_rng(1).integers(0, 256, size=(2, 16, 16, 3), dtype=np.uint8)
+    tf = evaluation.tf_keras()[0]
+    x = keras.applications.inception_v3.preprocess_input(
+        np.array(tf.image.resize(images.astype(np.float32), [75, 75], antialias=True))
+    )
+    expected = np.asarray(source(x, training=False))
+    np.testing.assert_allclose(extractor(images), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_damaged_weights_file_is_one_clear_error(tmp_path):
+    path = tmp_path / evaluation.WEIGHTS_FILE
+    path.write_bytes(b"truncated download")
+    with pytest.raises(evaluation.EvaluationError, match="cannot load InceptionV3 weights from"):
+        evaluation.FeatureExtractor.inception(75, path)
+
+
+def test_generated_features_go_batch_by_batch_with_distinct_reproducible_seeds():
+    calls = []
+
+    def generate(count, seed):
+        calls.append((count, seed))
+        return np.random.default_rng(seed).integers(0, 256, size=(count, 8, 8, 3), dtype=np.uint8)
+
+    kid_net, fid_net = tiny_extractor(75), tiny_extractor(299)
+    features, (mu, sigma) = evaluation.generated_features(generate, 10, 4, 7, kid_net, fid_net)
+    assert [count for count, _ in calls] == [4, 4, 2]
+    seeds = [seed for _, seed in calls]
+    assert len(set(seeds)) == 3 and seeds == [evaluation.batch_seed(7, i) for i in range(3)]
+    assert features.shape == (10, 2048)
+    images = np.concatenate([generate(count, seed) for count, seed in list(calls)])
+    np.testing.assert_allclose(features, kid_net(images), rtol=1e-5, atol=1e-6)
+    ref_mu, ref_sigma = np.mean(fid_net(images), 0), np.cov(fid_net(images).astype(np.float64), rowvar=False)
+    np.testing.assert_allclose(mu, ref_mu, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sigma, ref_sigma, rtol=1e-4, atol=1e-7)
+
+
+# --------------------------------------------------------------------------- the evaluation job
+
+
+def test_eval_cli_end_to_end_writes_a_json_line_and_caches_real_features(
+    smoke_workdir, tmp_path, monkeypatch, random_inception
+):
+    weights = tmp_path / evaluation.WEIGHTS_FILE
+    weights.write_bytes(b"a stand-in: the test network is random")
+    # 8 images in batches of 4 and 2 steps: one sampler compilation, shared with the tests below.
+    args = ["--workdir", str(smoke_workdir), "--num", "8", "--steps", "2", "--batch-size", "4"]
+    args += ["--real-num", "12", "--seed", "3", "--inception-weights", str(weights), "--compilation-cache", "off"]
+    before = len(eval_lines(smoke_workdir))
+    with mock_data():
+        result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    assert {size for size, _ in random_inception} == {75, 299}
+    assert all(path == weights for _, path in random_inception)
+    assert "not the official Keras" in result.stderr  # the stand-in file's md5 is not Keras'
+    for text in ("KID (75px)", "FID (299px)", "checkpoint", str(smoke_workdir / evaluation.EVAL_FILE)):
+        assert text in result.stdout
+
+    lines = eval_lines(smoke_workdir)
+    assert len(lines) == before + 1
+    record = lines[-1]
+    assert record["step"] == 2 and record["checkpoint"].endswith("checkpoints/2")
+    assert (record["num"], record["real_num"], record["steps"], record["eta"]) == (8, 12, 2, 0.0)
+    assert record["split"] == "val" and record["split_expression"] == "train[40%:50%]"
+    assert (record["kid_image_size"], record["fid_image_size"]) == (75, 299)
+    assert record["kid_subset_size"] == 8 and record["kid_subsets"] == 100
+    assert math.isfinite(record["kid_mean"]) and record["kid_std"] >= 0
+    assert math.isfinite(record["fid"]) and record["fid"] >= 0 and record["wall_time_s"] > 0
+    assert record["kid_feature_net"] == "test-random-net@75"
+    assert len(list((smoke_workdir / evaluation.CACHE_DIR).glob("real_*.npz"))) >= 2
+
+    # Second run: the real features come from the cache (loading the dataset would fail), same scores.
+    from ddim import data
+
+    def no_dataset(*args, **kwargs):
+        raise AssertionError("the real images should not be loaded again")
+
+    monkeypatch.setattr(data, "load_split", no_dataset)
+    again = run_cli(*args)
+    assert again.exit_code == 0, again.output
+    repeat = eval_lines(smoke_workdir)[-1]
+    assert (repeat["kid_mean"], repeat["kid_std"], repeat["fid"]) == pytest.approx(
+        (record["kid_mean"], record["kid_std"], record["fid"]), rel=1e-5, abs=1e-9
+    )
+
+
+def test_evaluate_checkpoint_with_an_injected_factory_and_the_train_split(smoke_workdir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with mock_data():
+        result = evaluation.evaluate_checkpoint(
+            smoke_workdir / "checkpoints" / "2",
+            num=8,
+            steps=2,
+            batch_size=4,
+            split="train",
+            feature_extractor_factory=tiny_extractor,
+            workdir=out,
+            kid_subsets=5,
+            log=lambda message: None,
+            show_progress=False,
+        )
+    assert result["split"] == "train" and result["real_num"] == MOCK_EXAMPLES
+    assert result["kid_subset_size"] == 8 and result["eval_file"] == str(out / evaluation.EVAL_FILE)
+    assert eval_lines(out)[-1]["fid"] == result["fid"]
+    assert "eval_file" not in eval_lines(out)[-1]
+
+
+def test_cheap_kid_for_training(smoke_workdir):
+    from ddim.sampling import load
+
+    pipe = load(smoke_workdir)
+    extractor = tiny_extractor(evaluation.KID_IMAGE_SIZE)
+    with mock_data():
+        (real,) = evaluation.real_features(pipe.config, "val", 10, [extractor], cache_dir=None)
+        from ddim.data import load_split
+
+        images = load_split(pipe.config, evaluation.split_expression(pipe.config, "val"))
+    assert real.shape == (10, 2048)
+    (given,) = evaluation.real_features(pipe.config, "val", 10, [extractor], cache_dir=None, images=images)
+    np.testing.assert_array_equal(given, real)
+    mean, std = evaluation.cheap_kid(
+        pipe.model, pipe.variables, real, extractor, num_images=8, steps=2, batch_size=4, num_subsets=3
+    )
+    assert math.isfinite(mean) and std >= 0
+    assert (mean, std) == evaluation.cheap_kid(
+        pipe.model, pipe.variables, real, extractor, num_images=8, steps=2, batch_size=4, num_subsets=3
+    )
+
+
+def test_real_cache_key_depends_on_what_the_features_depend_on():
+    from ddim.config import load_config
+
+    config = load_config(SMOKE)
+    key = evaluation.real_cache_key(config, "val", None, "net@75")
+    assert key == evaluation.real_cache_key(load_config(SMOKE), "val", None, "net@75")
+    assert key != evaluation.real_cache_key(config, "train", None, "net@75")
+    assert key != evaluation.real_cache_key(config, "val", 100, "net@75")
+    assert key != evaluation.real_cache_key(config, "val", None, "net@299")
+    assert key != evaluation.real_cache_key(load_config(SMOKE, ["model.image_size=32"]), "val", None, "net@75")
+    assert key != evaluation.real_cache_key(load_config(SMOKE, ["data.val_split=train[50%:]"]), "val", None, "net@75")
