@@ -228,6 +228,8 @@ class _StopRequest:
 
 def _fetch(pending: list[dict[str, Any]], step: int) -> dict[str, float]:
     """Bring the metrics of the pending steps to the host, averaged; fail on a non-finite loss."""
+    if not pending:
+        return {}
     values = parallel.to_host(pending)
     pending.clear()
     for offset, metrics in enumerate(values):

@@ -173,6 +173,18 @@ def test_sigterm_saves_and_stops_then_resumes(tmp_path, monkeypatch):
     assert (resumed.start_step, resumed.final_step, resumed.interrupted) == (3, 8, False)
 
 
+def test_crash_while_logging_saves_the_state(tmp_path, monkeypatch):
+    """A failure right after a metrics fetch (nothing pending) still saves the intact state."""
+
+    def broken_log(*args, **kwargs):
+        raise OSError("simulated logging failure")
+
+    monkeypatch.setattr(train_lib, "_log_metrics", broken_log)
+    with mock_flowers(), pytest.raises(OSError, match="simulated logging failure"):
+        train_lib.train(tiny_config("train.max_steps=8", "train.eval_every=0"), tmp_path, log=lambda m: None)
+    assert Checkpointer(checkpoint_dir(tmp_path)).latest_step() == 2
+
+
 def test_crash_saves_the_last_finite_state(tmp_path, monkeypatch):
     real_batches = train_lib.data_lib.train_batches
 
