@@ -20,43 +20,25 @@ import numpy as np
 import pytest
 
 from ddim import evaluation
+from tests.conftest import mock_flowers
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.toml"
-MOCK_EXAMPLES = 24
 
-# A few seconds to train on a 2-core CPU; the model only has to produce a checkpoint.
-TINY_MODEL = [
-    "model.image_size=16",
-    "model.widths=[8, 16]",
-    "model.block_depth=1",
-    "model.embedding_dims=8",
-    "data.dataset_repetitions=1",
-    "data.shuffle_buffer=16",
-    "train.batch_size=8",
-    "train.max_steps=2",
-    "train.log_every=2",
-    "train.checkpoint_every=2",
-    "train.normalizer_batches=1",
-    "train.eval_every=0",
-]
+MOCK_EXAMPLES = 32  # what tests.conftest.mock_flowers() gives per split
 
 
 def mock_data():
-    import tensorflow_datasets as tfds
-
-    return tfds.testing.mock_data(num_examples=MOCK_EXAMPLES)
+    return mock_flowers(MOCK_EXAMPLES)
 
 
-@pytest.fixture(scope="session")
-def smoke_workdir(tmp_path_factory) -> Path:
-    """A tiny model trained for 2 steps on TFDS mock data (one checkpoint, step 2)."""
-    from ddim.config import load_config
-    from ddim.train import train
+@pytest.fixture(scope="module")
+def smoke_workdir(trained_workdir, tmp_path_factory) -> Path:
+    """A copy of the session's tiny trained run (checkpoints 4 and 6), which these tests write into."""
+    import shutil
 
-    workdir = tmp_path_factory.mktemp("eval_smoke")
-    with mock_data():
-        train(load_config(SMOKE, TINY_MODEL), workdir, log=lambda message: None)
+    workdir = tmp_path_factory.mktemp("eval_smoke") / "run"
+    shutil.copytree(trained_workdir, workdir)
     return workdir
 
 
@@ -270,7 +252,7 @@ def test_eval_cli_end_to_end_writes_a_json_line_and_caches_real_features(
     lines = eval_lines(smoke_workdir)
     assert len(lines) == before + 1
     record = lines[-1]
-    assert record["step"] == 2 and record["checkpoint"].endswith("checkpoints/2")
+    assert record["step"] == 6 and record["checkpoint"].endswith("checkpoints/6")
     assert (record["num"], record["real_num"], record["steps"], record["eta"]) == (8, 12, 2, 0.0)
     assert record["split"] == "val" and record["split_expression"] == "train[40%:50%]"
     assert (record["kid_image_size"], record["fid_image_size"]) == (75, 299)
@@ -300,7 +282,7 @@ def test_evaluate_checkpoint_with_an_injected_factory_and_the_train_split(smoke_
     out.mkdir()
     with mock_data():
         result = evaluation.evaluate_checkpoint(
-            smoke_workdir / "checkpoints" / "2",
+            smoke_workdir / "checkpoints" / "6",
             num=8,
             steps=2,
             batch_size=4,
