@@ -24,6 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
+from ddim import runtime  # noqa: E402
+
+if __name__ == "__main__":
+    runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
 
 
 def peak_rss_mb() -> float:
@@ -203,6 +207,7 @@ def main(argv=None) -> dict:
         "jax_version": jax.__version__,
         "cpu_count": os.cpu_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "model_dtype": config.model.dtype,
     }
     result.update(bench_training(config, args.windows, args.window_steps))

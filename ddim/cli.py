@@ -223,6 +223,9 @@ def eval_command(
 
 
 def main() -> None:  # pragma: no cover - console script entry point
+    from ddim import runtime
+
+    runtime.restart_with_fast_allocator()  # before JAX loads; see ddim/runtime.py
     app()
 
 

@@ -4,10 +4,14 @@ Each function computes exactly the textbook operation (tests compare them with
 ``jax.lax`` / ``jax.image`` references); how it is expressed is chosen so XLA
 emits fast code, in particular on CPU where generic convolutions and
 ``jax.image.resize`` are slow.
+
+On CPU the speed depends as much on the XLA flags and the allocator as on the
+formulation: see :mod:`ddim.runtime`.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -17,8 +21,12 @@ _NHWC = ("NHWC", "HWIO", "NHWC")
 def conv2d(x, kernel):
     """Stride-1 'SAME' convolution of NHWC ``x`` with an HWIO ``kernel``."""
     if kernel.shape[0] == 1 and kernel.shape[1] == 1:
-        # A 1x1 convolution is a matmul over channels; dot_general is faster than conv on CPU.
-        return jnp.einsum("nhwc,co->nhwo", x, kernel[0, 0])
+        # A 1x1 convolution is a matmul over channels. Flattening N, H, W into one dimension
+        # keeps it (and, above all, its weight gradient, which contracts N*H*W) a plain 2-D
+        # GEMM: a 4-D dot_general with three contracting dimensions is ~1.7x slower on CPU.
+        weights = kernel[0, 0]
+        flat = x.reshape(-1, x.shape[-1]) @ weights
+        return flat.reshape(x.shape[:-1] + (weights.shape[-1],))
     return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=_NHWC)
 
 
@@ -28,14 +36,29 @@ def average_pool_2x(x):
     return x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
 
 
+@jax.custom_vjp
 def upsample_bilinear_2x(x):
     """2x bilinear upsampling with half-pixel centres (``jax.image.resize(..., 'bilinear')``).
 
     For a factor of 2 every output pixel is ``0.75 * nearest + 0.25 * next-nearest``
     input pixel, with edges clamped; written as slices and a reshape, which is far
-    cheaper than the general resampling gather.
+    cheaper than the general resampling gather. The gradient is the explicit
+    adjoint (:func:`_upsample_axis_2x_transpose`): one pass per axis instead of the
+    chain of pads, slices and adds that autodiff makes of the slices (~2.5x faster).
+    Being a ``custom_vjp``, it supports reverse-mode differentiation only.
     """
     return _upsample_axis_2x(_upsample_axis_2x(x, 1), 2)
+
+
+def _upsample_fwd(x):
+    return upsample_bilinear_2x(x), None
+
+
+def _upsample_bwd(_, g):
+    return (_upsample_axis_2x_transpose(_upsample_axis_2x_transpose(g, 2), 1),)
+
+
+upsample_bilinear_2x.defvjp(_upsample_fwd, _upsample_bwd)
 
 
 def _upsample_axis_2x(x, axis: int):
@@ -49,3 +72,23 @@ def _upsample_axis_2x(x, axis: int):
     stacked = jnp.stack([even, odd], axis=axis + 1)
     new_shape = x.shape[:axis] + (2 * size,) + x.shape[axis + 1 :]
     return stacked.reshape(new_shape)
+
+
+def _upsample_axis_2x_transpose(g, axis: int):
+    """Adjoint of :func:`_upsample_axis_2x`: fold each even/odd output pair back onto the inputs.
+
+    Input ``i`` feeds even output ``i`` and odd output ``i`` with weight 0.75, even output
+    ``i + 1`` (as its "previous") and odd output ``i - 1`` (as its "following") with 0.25;
+    at the clamped edges the missing neighbour is the edge input itself.
+    """
+    size = g.shape[axis] // 2
+    pairs = g.reshape(g.shape[:axis] + (size, 2) + g.shape[axis + 1 :])
+    even = lax.index_in_dim(pairs, 0, axis + 1, keepdims=False)
+    odd = lax.index_in_dim(pairs, 1, axis + 1, keepdims=False)
+    from_next = jnp.concatenate(
+        [lax.slice_in_dim(even, 1, size, axis=axis), lax.slice_in_dim(odd, size - 1, size, axis=axis)], axis=axis
+    )
+    from_previous = jnp.concatenate(
+        [lax.slice_in_dim(even, 0, 1, axis=axis), lax.slice_in_dim(odd, 0, size - 1, axis=axis)], axis=axis
+    )
+    return 0.75 * (even + odd) + 0.25 * (from_next + from_previous)

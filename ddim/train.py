@@ -25,7 +25,7 @@ import optax
 from flax.training import train_state
 
 from ddim import data as data_lib
-from ddim import parallel
+from ddim import parallel, runtime
 from ddim.checkpoint import Checkpointer, checkpoint_dir, model_config_mismatch
 from ddim.config import Config
 from ddim.images import make_grid, save_png
@@ -57,7 +57,8 @@ def create_train_state(config: Config, rng, model: DiffusionModel | None = None,
     The state is replicated over ``mesh`` (default: all devices).
     """
     model = model or create_model(config.model)
-    variables = jax.jit(functools.partial(init_variables, model))(rng)
+    init = jax.jit(functools.partial(init_variables, model))
+    variables = runtime.compile_for_one_call(init, rng)(rng)
     params, batch_stats = variables["params"], variables["batch_stats"]
     state = TrainState.create(
         apply_fn=model.apply,

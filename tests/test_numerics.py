@@ -1,0 +1,86 @@
+"""Speed levers must not change what the model learns.
+
+The fast formulations of ``ddim/ops.py`` (matmul 1x1 convolutions, slice-based
+upsampling with a hand-written adjoint) are compared with the textbook
+``jax.lax`` / ``jax.image`` operations over a short real training run, and the
+optional bfloat16 compute mode with float32.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from ddim import ops
+from ddim import train as train_lib
+from tests.conftest import tiny_config
+
+STEPS = 24
+
+
+def _reference_conv2d(x, kernel):
+    return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _reference_pool(x):
+    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
+
+
+def _reference_upsample(x):
+    n, h, w, c = x.shape
+    return jax.image.resize(x, (n, 2 * h, 2 * w, c), "bilinear")
+
+
+def _smooth_images(count: int, size: int) -> np.ndarray:
+    """Images with structure (blurred colour blobs), so the denoiser has something to learn."""
+    rng = np.random.default_rng(0)
+    coarse = rng.uniform(0, 255, (count, 4, 4, 3))
+    return np.asarray(jax.image.resize(coarse, (count, size, size, 3), "bilinear")).clip(0, 255).astype(np.uint8)
+
+
+def _train_losses(config) -> np.ndarray:
+    """Noise losses of ``STEPS`` training steps from the same initial state, data and keys."""
+    t = config.train
+    state = train_lib.create_train_state(config, jax.random.key(0))
+    images = _smooth_images(4 * t.batch_size, config.model.image_size)
+    mean, var = train_lib.image_statistics([images])
+    # On one device, as the jitted step's outputs will be: no second compilation at step 2.
+    state = jax.device_put(train_lib.set_normalizer_stats(state, mean, var), jax.devices()[0])
+    # A fresh jit (not train.compiled_steps' cached one), so it traces whatever ops are current.
+    step = jax.jit(functools.partial(train_lib.train_step, ema_decay=t.ema_decay, ema_warmup=t.ema_warmup))
+    losses = []
+    for i in range(STEPS):
+        batch = images[(i % 4) * t.batch_size : (i % 4 + 1) * t.batch_size]
+        state, metrics = step(state, jnp.asarray(batch), jax.random.fold_in(jax.random.key(1), i))
+        losses.append(float(metrics["noise_loss"]))
+    return np.asarray(losses)
+
+
+@pytest.fixture(scope="module")
+def float32_losses():
+    return _train_losses(tiny_config("train.learning_rate=0.005"))
+
+
+def test_the_tiny_run_learns(float32_losses):
+    assert float32_losses[-6:].mean() < 0.85 * float32_losses[:3].mean()
+
+
+def test_fast_ops_train_exactly_like_the_textbook_ops(monkeypatch, float32_losses):
+    monkeypatch.setattr(ops, "conv2d", _reference_conv2d)
+    monkeypatch.setattr(ops, "average_pool_2x", _reference_pool)
+    monkeypatch.setattr(ops, "upsample_bilinear_2x", _reference_upsample)
+    reference = _train_losses(tiny_config("train.learning_rate=0.005"))
+    # Same function, different summation order: float32 round-off only.
+    np.testing.assert_allclose(float32_losses[0], reference[0], rtol=1e-5)
+    np.testing.assert_allclose(float32_losses, reference, rtol=1e-4)
+
+
+def test_bfloat16_compute_trains_to_the_float32_loss(float32_losses):
+    bf16 = _train_losses(tiny_config("train.learning_rate=0.005", 'model.dtype="bfloat16"'))
+    assert np.isfinite(bf16).all()
+    # bfloat16 keeps 8 bits of mantissa: per-step losses drift, the learning curve must not.
+    np.testing.assert_allclose(bf16[0], float32_losses[0], rtol=0.02)
+    np.testing.assert_allclose(bf16[-8:].mean(), float32_losses[-8:].mean(), rtol=0.05)
