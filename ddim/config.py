@@ -49,7 +49,9 @@ class ModelConfig:
     max_signal_rate: float = 0.95
     """Signal rate at diffusion time 0 (the cleanest level of the cosine schedule)."""
     dtype: str = "float32"
-    """Compute dtype of the network: "float32" or "bfloat16" (parameters and loss stay float32)."""
+    """Compute dtype of the network: "float32" or "bfloat16" (parameters and loss stay float32).
+
+    bfloat16 is for GPUs/TPUs; on CPUs XLA's bfloat16 convolutions are slower than float32."""
 
 
 @dataclass
