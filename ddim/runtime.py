@@ -21,16 +21,16 @@ from pathlib import Path
 # loops) and stand-alone matmuls (the 1x1 convolutions) to YNNPACK. Convolutions stay with
 # XLA's Eigen kernels, ~2x faster here than YNNPACK's, and elementwise fusions stay with XLA
 # (YNNPACK's eltwise fusion swallows the convolutions and is slow on the upsampling
-# interleave). Training step on a 2-core AVX-512 machine: 5.3 s with the previous choice
-# (dot,eltwise,reduce,individual_convolution,individual_dot), 4.2 s with this one, 8.4 s with
-# XLA's defaults (README, "Benchmark"). Only the CPU backend reads these; GPU/TPU ignore them.
+# interleave). Gradient of the flowers64 loss on a 2-core AVX-512 machine: 5.7 s/step with YNNPACK
+# for everything (dot,eltwise,reduce,individual_convolution,individual_dot), 4.2 s with this
+# choice (README, "Benchmark"). Only the CPU backend reads these; GPU/TPU ignore them.
 CPU_XLA_FLAGS = {
     "--xla_cpu_experimental_ynn_fusion_type": "reduce,individual_dot",
 }
 
 # glibc's malloc serves XLA's large buffers from fresh mmaps, so each training step touches
 # ~2.2 GB of new 4 KiB pages: ~560k page faults, about a fifth of the step. Backing them with
-# transparent huge pages (glibc >= 2.35) cuts that to ~2k faults: 4.2 s -> 3.4 s per step.
+# transparent huge pages (glibc >= 2.35) cuts that to ~2k faults: 4.2 s -> 3.4-3.6 s per step.
 FAST_MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
 _RESTARTED_MARK = "DDIM_RESTARTED"
 
