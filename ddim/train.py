@@ -9,6 +9,7 @@ step's noise comes from ``fold_in(key, step)`` and the data order from
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import signal
@@ -32,6 +33,11 @@ from ddim.images import make_grid, save_png
 from ddim.model import DiffusionModel, create_model, init_variables
 from ddim.sampling import generate_images
 from ddim.summary import Progress, SummaryWriter, Throughput, format_metrics
+
+
+# Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
+# already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
+MAX_STEPS_AHEAD = 2
 
 
 class TrainingError(RuntimeError):
@@ -325,6 +331,7 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
     step_fn, _ = compiled_steps(t.ema_decay, t.ema_warmup, mesh)
     batches = data_lib.train_batches(train_images, config, start_step, steps_per_epoch)
     pending: list[dict[str, Any]] = []
+    in_flight: collections.deque = collections.deque()
     metrics: dict[str, float] = {}
     throughput = Throughput()
     step = start_step
@@ -340,6 +347,13 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
                 images = parallel.global_batch(next(batches)[rows], mesh)
                 state, step_metrics = step_fn(state, images, train_rng)
                 pending.append(step_metrics)
+                # JAX dispatches asynchronously: unchecked, Python runs up to `log_every` steps ahead
+                # of the device, so Ctrl-C would take minutes to be seen and the progress bar would
+                # lie. Waiting (without a transfer to the host) for the step before last keeps the
+                # device busy with one queued step and Python at most MAX_STEPS_AHEAD ahead.
+                in_flight.append(step_metrics["noise_loss"])
+                if len(in_flight) > MAX_STEPS_AHEAD:
+                    in_flight.popleft().block_until_ready()
                 step += 1
                 throughput.add(t.batch_size)
                 epoch_end = step % steps_per_epoch == 0

@@ -173,6 +173,27 @@ def test_sigterm_saves_and_stops_then_resumes(tmp_path, monkeypatch):
     assert (resumed.start_step, resumed.final_step, resumed.interrupted) == (3, 8, False)
 
 
+def test_python_stays_at_most_two_steps_ahead_of_the_device(tmp_path, monkeypatch):
+    """Async dispatch is bounded, so Ctrl-C is seen within a couple of steps, not `log_every`."""
+    big = jnp.ones((1024, 1024), jnp.float32) / 1024.0
+    # ~0.1 s of device work per step, far slower than the host loop's dispatch.
+    slow = jax.jit(lambda loss: loss + 0.0 * jax.lax.fori_loop(0, 8, lambda i, a: a @ a, big)[0, 0])
+    outputs, unfinished = [], []
+
+    def record(n, metrics):
+        unfinished.append(sum(not out.is_ready() for out in outputs))
+        metrics = {**metrics, "noise_loss": slow(metrics["noise_loss"])}
+        outputs.append(metrics["noise_loss"])
+        return metrics
+
+    _patched_steps(monkeypatch, record)
+    with mock_flowers():
+        config = tiny_config("train.max_steps=10", "train.log_every=100", "train.checkpoint_every=100",
+                             "train.eval_every=0")
+        train_lib.train(config, tmp_path, log=lambda m: None)
+    assert len(unfinished) == 10 and max(unfinished) <= train_lib.MAX_STEPS_AHEAD
+
+
 def test_crash_while_logging_saves_the_state(tmp_path, monkeypatch):
     """A failure right after a metrics fetch (nothing pending) still saves the intact state."""
 
