@@ -9,7 +9,6 @@ step's noise comes from ``fold_in(key, step)`` and the data order from
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import signal
@@ -331,7 +330,6 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
     step_fn, _ = compiled_steps(t.ema_decay, t.ema_warmup, mesh)
     batches = data_lib.train_batches(train_images, config, start_step, steps_per_epoch)
     pending: list[dict[str, Any]] = []
-    in_flight: collections.deque = collections.deque()
     metrics: dict[str, float] = {}
     throughput = Throughput()
     step = start_step
@@ -350,10 +348,10 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
                 # JAX dispatches asynchronously: unchecked, Python runs up to `log_every` steps ahead
                 # of the device, so Ctrl-C would take minutes to be seen and the progress bar would
                 # lie. Waiting (without a transfer to the host) for the step before last keeps the
-                # device busy with one queued step and Python at most MAX_STEPS_AHEAD ahead.
-                in_flight.append(step_metrics["noise_loss"])
-                if len(in_flight) > MAX_STEPS_AHEAD:
-                    in_flight.popleft().block_until_ready()
+                # device busy with one queued step and Python at most MAX_STEPS_AHEAD ahead; the
+                # steps before the pending ones were finished by the last fetch.
+                if len(pending) > MAX_STEPS_AHEAD:
+                    jax.block_until_ready(pending[-MAX_STEPS_AHEAD - 1])
                 step += 1
                 throughput.add(t.batch_size)
                 epoch_end = step % steps_per_epoch == 0
@@ -455,7 +453,7 @@ class KidMonitor:
             return None
         return cls(config, workdir, extractor, real)
 
-    def __call__(self, model, state: TrainState, step: int) -> dict[str, float]:
+    def __call__(self, model, state: TrainState) -> dict[str, float]:
         from ddim import evaluation
 
         t = self.config.train
@@ -486,7 +484,7 @@ def _end_of_epoch(model, state, config, val_images, eval_rng, grid_rng, workdir,
     grid = sample_grid(model, state, config, grid_rng)
     best = False
     if kid is not None:
-        val.update(kid(model, state, step))
+        val.update(kid(model, state))
         best = kid.keep_if_best(val["kid"], step, state)
     if writer is None:  # not process 0: it took part in the computations, it writes nothing
         return
