@@ -12,26 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 
 from ddim import ops
 from ddim import train as train_lib
+from tests import reference_ops
 from tests.conftest import tiny_config
 
 STEPS = 24
-
-
-def _reference_conv2d(x, kernel):
-    return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-
-
-def _reference_pool(x):
-    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
-
-
-def _reference_upsample(x):
-    n, h, w, c = x.shape
-    return jax.image.resize(x, (n, 2 * h, 2 * w, c), "bilinear")
 
 
 def _smooth_images(count: int, size: int) -> np.ndarray:
@@ -69,9 +56,8 @@ def test_the_tiny_run_learns(float32_losses):
 
 
 def test_fast_ops_train_exactly_like_the_textbook_ops(monkeypatch, float32_losses):
-    monkeypatch.setattr(ops, "conv2d", _reference_conv2d)
-    monkeypatch.setattr(ops, "average_pool_2x", _reference_pool)
-    monkeypatch.setattr(ops, "upsample_bilinear_2x", _reference_upsample)
+    for name in ("conv2d", "average_pool_2x", "upsample_bilinear_2x"):
+        monkeypatch.setattr(ops, name, getattr(reference_ops, name))
     reference = _train_losses(tiny_config("train.learning_rate=0.005"))
     # Same function, different summation order: float32 round-off only.
     np.testing.assert_allclose(float32_losses[0], reference[0], rtol=1e-5)
