@@ -61,7 +61,7 @@ def bench_training(config, windows: int, window_steps: int) -> dict:
     import jax
     import numpy as np
 
-    from ddim import train as train_lib
+    from ddim.train import state as train_lib
 
     t = config.train
     state = train_lib.create_train_state(config, jax.random.key(0))
@@ -104,11 +104,12 @@ def bench_sampling(config, state, num_images: int, steps: int, repeats: int) -> 
     import jax
     import jax.numpy as jnp
 
-    from ddim.model import DiffusionModel, create_model
+    from ddim.model import DiffusionModel
     from ddim.sampling import generate_fn
+    from ddim.train.state import ema_variables
 
-    model = create_model(config.model)
-    variables = {"params": state.ema_params, "batch_stats": state.ema_batch_stats}
+    model = DiffusionModel(config.model)
+    variables = ema_variables(state)
     fn = generate_fn(model)
     rng = jax.random.key(0)
     start = time.perf_counter()
@@ -122,7 +123,7 @@ def bench_sampling(config, state, num_images: int, steps: int, repeats: int) -> 
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     # FLOPs of one network evaluation at the sampling batch size (one DDIM step).
-    images = jnp.zeros((num_images, model.image_size, model.image_size, model.channels))
+    images = jnp.zeros((num_images, *model.image_shape))
     step_cost = jax.jit(
         lambda v, x: model.apply(v, x, jnp.full((num_images, 1, 1, 1), 0.5), jnp.full((num_images, 1, 1, 1), 0.5),
                                  train=False, method=DiffusionModel.denoise)
@@ -142,7 +143,7 @@ def bench_sampling(config, state, num_images: int, steps: int, repeats: int) -> 
 def bench_cli(config, state, num: int, steps: int) -> dict:
     """Wall time of `ddim sample` in a fresh process, with a cold and then a warm compilation cache."""
     from ddim.checkpoint import Checkpointer, checkpoint_dir
-    from ddim.train import state_to_dict
+    from ddim.train.state import state_to_dict
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir, cache = Path(tmp) / "run", Path(tmp) / "cache"

@@ -13,12 +13,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ddim.errors import UserError
 from ddim.config import Config, ConfigError, from_dict
 
 CHECKPOINT_DIR = "checkpoints"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """No usable checkpoint where one was expected (the message says where and why)."""
 
 
@@ -39,12 +40,32 @@ def checkpoint_dir(workdir: str | Path) -> Path:
 
 
 class Checkpointer:
-    """Save and restore train states (and their config) under ``<workdir>/checkpoints``."""
+    """Save and restore train states (and their config) under ``<workdir>/checkpoints``.
 
-    def __init__(self, directory: str | Path, keep: int = 3, create: bool = True):
+    Retention is orbax's: the ``keep`` most recent steps, or, with
+    ``best_metric``, the ``keep`` steps whose saved metric of that name is best
+    (lowest with ``best_mode="min"``); see :meth:`save`'s ``metrics``.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        keep: int = 3,
+        create: bool = True,
+        best_metric: str | None = None,
+        best_mode: str = "min",
+    ):
         ocp = _ocp()
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create)
+        self.best_metric = best_metric
+        best = {}
+        if best_metric is not None:
+            best = dict(
+                best_fn=lambda metrics: float(metrics[best_metric]),
+                best_mode=best_mode,
+                keep_checkpoints_without_metrics=False,
+            )
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create, **best)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "config"))
 
     def latest_step(self) -> int | None:
@@ -53,14 +74,26 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
-    def save(self, step: int, state_dict: dict[str, Any], config: Config) -> None:
-        """Save asynchronously; call :meth:`wait` (or :meth:`close`) before relying on it."""
+    def best_step(self) -> int | None:
+        """The step with the best metric (with ``best_metric``), else the latest step."""
+        return self.manager.best_step()
+
+    def metrics(self, step: int) -> dict[str, float] | None:
+        """The metrics saved with ``step`` (None when it has none)."""
+        return self.manager.metrics(step)
+
+    def save(self, step: int, state_dict: dict[str, Any], config: Config, metrics: dict[str, float] | None = None) -> None:
+        """Save asynchronously; call :meth:`wait` (or :meth:`close`) before relying on it.
+
+        ``metrics`` are stored with the step; with ``best_metric`` they decide retention.
+        """
         ocp = _ocp()
         self.manager.save(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state_dict), config=ocp.args.JsonSave(config.to_dict())
             ),
+            metrics=metrics,
             force=True,
         )
 

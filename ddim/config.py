@@ -4,6 +4,9 @@ Every value is documented where it is defined. The defaults are the reference
 setup of the Keras DDIM example (``configs/flowers64.toml`` spells them out).
 Unknown sections or keys and values of the wrong type are errors
 (:class:`ConfigError`), never silently ignored.
+
+Configs are frozen values (hashable, so a Flax module can hold one): derive a
+changed copy with :meth:`Config.override` rather than assigning to a field.
 """
 
 from __future__ import annotations
@@ -16,17 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddim.errors import UserError
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration file or override is invalid (the message says which key and why)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """The network and the noise schedule (everything needed to rebuild the model)."""
 
@@ -34,7 +38,7 @@ class ModelConfig:
     """Side of the square training and generated images, in pixels."""
     channels: int = 3
     """Image channels (3 for RGB)."""
-    widths: list[int] = field(default_factory=lambda: [32, 64, 96, 128])
+    widths: tuple[int, ...] = (32, 64, 96, 128)
     """Channel width of each UNet level; every level but the last halves the resolution."""
     block_depth: int = 2
     """Residual blocks per UNet level (down and up)."""
@@ -54,7 +58,7 @@ class ModelConfig:
     bfloat16 is for GPUs/TPUs; on CPUs XLA's bfloat16 convolutions are slower than float32."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     """The input pipeline (TFDS)."""
 
@@ -72,7 +76,7 @@ class DataConfig:
     """Shuffle buffer size in images (Keras uses 10 x batch size)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation, logging and checkpointing."""
 
@@ -122,7 +126,7 @@ class TrainConfig:
     """InceptionV3 weights file for KID; empty: $DDIM_INCEPTION_WEIGHTS or Keras' cache (see ddim eval)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     """A complete run configuration."""
 
@@ -133,7 +137,20 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain nested dicts (tuples as lists), as stored in checkpoints and accepted by :func:`from_dict`."""
+        return _plain(dataclasses.asdict(self))
+
+    def override(self, *overrides: str) -> "Config":
+        """A validated copy with ``section.key=value`` overrides applied (see :func:`apply_overrides`)."""
+        return from_dict(apply_overrides(self.to_dict(), list(overrides)))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _check_type(value: Any, annotation: Any, key: str) -> Any:
@@ -143,7 +160,8 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         (item_type,) = typing.get_args(annotation)[:1]
-        return [_check_type(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+        items = [_check_type(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             try:

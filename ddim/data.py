@@ -4,7 +4,7 @@ TensorFlow is imported lazily (it is slow to import and only the input pipeline
 needs it) and never sees a GPU, so it cannot take accelerator memory from JAX.
 The preprocessed images of a split are held in memory as one uint8 array (4x
 less than float32: 80 MB for Flowers at 64x64) and converted to float in
-[0, 1] on the device (:func:`to_float`).
+[0, 1] on the device (:func:`ddim.train.state.to_float`).
 
 Data order is a pure function of ``(seed, epoch)``: each epoch is the cached
 training images repeated ``dataset_repetitions`` times and shuffled with a seed
@@ -19,10 +19,11 @@ from typing import Iterator
 
 import numpy as np
 
+from ddim.errors import UserError
 from ddim.config import Config
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """The dataset could not be loaded or has unusable images."""
 
 
@@ -134,10 +135,3 @@ def eval_batches(images: np.ndarray, config: Config) -> Iterator[np.ndarray]:
     if config.train.eval_batches:
         count = min(count, config.train.eval_batches)
     return (images[i * batch : (i + 1) * batch] for i in range(count))
-
-
-def to_float(images):
-    """uint8 images -> float32 in [0, 1] (runs on the device, inside the jitted step)."""
-    import jax.numpy as jnp
-
-    return images.astype(jnp.float32) / 255.0

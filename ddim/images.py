@@ -6,10 +6,11 @@ import math
 import os
 from pathlib import Path
 
+from ddim.errors import UserError
 import numpy as np
 
 
-class OutputError(RuntimeError):
+class OutputError(UserError, RuntimeError):
     """An output directory cannot be used (the message says which and why)."""
 
 

@@ -10,13 +10,14 @@ the untrained network predicts zero noise.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from ddim import diffusion, ops
+from ddim.config import ModelConfig
 
 # Keras' Conv2D default initialiser; kept so training starts where the reference starts.
 _glorot_uniform = nn.initializers.glorot_uniform()
@@ -36,6 +37,11 @@ def sinusoidal_embedding(noise_variances, embedding_dims: int, min_frequency: fl
     return jnp.concatenate(
         [jnp.sin(angular_speeds * noise_variances), jnp.cos(angular_speeds * noise_variances)], axis=-1
     )
+
+
+def compute_dtype(config: ModelConfig):
+    """The network's compute dtype (parameters and outputs stay float32)."""
+    return jnp.dtype(config.dtype)
 
 
 class Conv(nn.Module):
@@ -84,41 +90,40 @@ class ResidualBlock(nn.Module):
 
 
 class UNet(nn.Module):
-    """Predicts the noise in ``noisy_images`` given the noise variance of each image."""
+    """Predicts the noise in ``noisy_images`` given the noise variance of each image.
 
-    widths: Sequence[int] = (32, 64, 96, 128)
-    block_depth: int = 2
-    embedding_dims: int = 32
-    embedding_min_frequency: float = 1.0
-    embedding_max_frequency: float = 1000.0
-    dtype: Any = jnp.float32
+    Every hyperparameter comes from ``config`` (a :class:`ddim.config.ModelConfig`).
+    """
+
+    config: ModelConfig
 
     @nn.compact
     def __call__(self, noisy_images, noise_variances, train: bool):
+        c, dtype = self.config, compute_dtype(self.config)
         batch, height, width, _ = noisy_images.shape
         embedding = sinusoidal_embedding(
-            noise_variances, self.embedding_dims, self.embedding_min_frequency, self.embedding_max_frequency
+            noise_variances, c.embedding_dims, c.embedding_min_frequency, c.embedding_max_frequency
         )
         # Keras upsamples the 1x1 embedding to the image size with nearest-neighbour: a broadcast.
-        embedding = jnp.broadcast_to(embedding, (batch, height, width, self.embedding_dims))
-        x = Conv(self.widths[0], 1, self.dtype, name="stem")(noisy_images)
+        embedding = jnp.broadcast_to(embedding, (batch, height, width, c.embedding_dims))
+        x = Conv(c.widths[0], 1, dtype, name="stem")(noisy_images)
         x = jnp.concatenate([x, embedding.astype(x.dtype)], axis=-1)
 
         skips = []
-        for level_width in self.widths[:-1]:
-            for _ in range(self.block_depth):
-                x = ResidualBlock(level_width, self.dtype)(x, train)
+        for level_width in c.widths[:-1]:
+            for _ in range(c.block_depth):
+                x = ResidualBlock(level_width, dtype)(x, train)
                 skips.append(x)
             x = ops.average_pool_2x(x)
-        for _ in range(self.block_depth):
-            x = ResidualBlock(self.widths[-1], self.dtype)(x, train)
-        for level_width in reversed(self.widths[:-1]):
+        for _ in range(c.block_depth):
+            x = ResidualBlock(c.widths[-1], dtype)(x, train)
+        for level_width in reversed(c.widths[:-1]):
             x = ops.upsample_bilinear_2x(x)
-            for _ in range(self.block_depth):
+            for _ in range(c.block_depth):
                 x = jnp.concatenate([x, skips.pop()], axis=-1)
-                x = ResidualBlock(level_width, self.dtype)(x, train)
+                x = ResidualBlock(level_width, dtype)(x, train)
         # Zero-initialised so the untrained model predicts zero noise (the identity denoiser).
-        x = Conv(noisy_images.shape[-1], 1, self.dtype, kernel_init=nn.initializers.zeros, name="head")(x)
+        x = Conv(noisy_images.shape[-1], 1, dtype, kernel_init=nn.initializers.zeros, name="head")(x)
         return x.astype(jnp.float32)
 
 
@@ -126,36 +131,38 @@ class DiffusionModel(nn.Module):
     """Normaliser + UNet + the DDIM schedule: training forward pass and sampler.
 
     ``__call__`` is the training/evaluation forward pass; :meth:`generate` runs
-    the reverse diffusion. Images enter and leave in [0, 1]; internally they are
-    standardised per channel by a BatchNorm whose running statistics are the
-    dataset's mean and variance (Keras uses an adapted ``Normalization`` layer).
+    the reverse diffusion. Images enter and leave in [0, 1]. Everything the
+    model is (network shape, schedule, compute dtype) is ``config``, a
+    :class:`ddim.config.ModelConfig`, so a checkpoint's stored config rebuilds it.
+
+    The normaliser is a ``BatchNorm`` without scale or offset, a per-channel
+    standardisation, and it is meant to work like one: in training mode it
+    standardises each batch with that batch's own mean and variance and moves
+    its running statistics towards them (momentum 0.99); in inference mode
+    (evaluation, sampling) it uses the running statistics, and
+    :meth:`denormalize` maps generated images back with them. This differs on
+    purpose from the Keras example, whose ``Normalization`` layer is fixed after
+    ``adapt()``: batch statistics keep the training input exactly standardised
+    whatever the batch. The running statistics start at the dataset's mean and
+    variance (``train.normalizer_batches``, like ``adapt()``) and track them
+    from there, so sampling always denormalises with the data's statistics
+    (tests/test_model.py checks both).
     """
 
-    image_size: int = 64
-    channels: int = 3
-    widths: Sequence[int] = (32, 64, 96, 128)
-    block_depth: int = 2
-    embedding_dims: int = 32
-    embedding_min_frequency: float = 1.0
-    embedding_max_frequency: float = 1000.0
-    min_signal_rate: float = 0.02
-    max_signal_rate: float = 0.95
-    dtype: Any = jnp.float32
+    config: ModelConfig
 
     def setup(self):
         # No scale/offset: a pure per-channel standardisation with invertible running stats.
         self.normalizer = nn.BatchNorm(use_bias=False, use_scale=False, momentum=0.99, epsilon=1e-3)
-        self.network = UNet(
-            widths=tuple(self.widths),
-            block_depth=self.block_depth,
-            embedding_dims=self.embedding_dims,
-            embedding_min_frequency=self.embedding_min_frequency,
-            embedding_max_frequency=self.embedding_max_frequency,
-            dtype=self.dtype,
-        )
+        self.network = UNet(self.config)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(H, W, C)`` of the images the model trains on and generates."""
+        return (self.config.image_size, self.config.image_size, self.config.channels)
 
     def schedule(self, diffusion_times):
-        return diffusion.cosine_schedule(diffusion_times, self.min_signal_rate, self.max_signal_rate)
+        return diffusion.cosine_schedule(diffusion_times, self.config.min_signal_rate, self.config.max_signal_rate)
 
     def denoise(self, noisy_images, noise_rates, signal_rates, train: bool):
         """Predict (noises, images) from noisy images at known rates (DDIM eq. 12's x_0 estimate)."""
@@ -197,7 +204,7 @@ class DiffusionModel(nn.Module):
         """
         if diffusion_steps < 1:
             raise ValueError(f"diffusion_steps must be >= 1, got {diffusion_steps}")
-        shape = (num_images, self.image_size, self.image_size, self.channels)
+        shape = (num_images, *self.image_shape)
         init_rng, step_rng = jax.random.split(rng)
         if initial_noise is None:
             initial_noise = jax.random.normal(init_rng, shape, jnp.float32)
@@ -226,23 +233,7 @@ class DiffusionModel(nn.Module):
         return self.denormalize(images)
 
 
-def create_model(config) -> DiffusionModel:
-    """Build the :class:`DiffusionModel` described by a :class:`ddim.config.ModelConfig`."""
-    return DiffusionModel(
-        image_size=config.image_size,
-        channels=config.channels,
-        widths=tuple(config.widths),
-        block_depth=config.block_depth,
-        embedding_dims=config.embedding_dims,
-        embedding_min_frequency=config.embedding_min_frequency,
-        embedding_max_frequency=config.embedding_max_frequency,
-        min_signal_rate=config.min_signal_rate,
-        max_signal_rate=config.max_signal_rate,
-        dtype=jnp.dtype(config.dtype),
-    )
-
-
 def init_variables(model: DiffusionModel, rng):
     """Initial ``{"params", "batch_stats"}`` of ``model`` (shapes only depend on the model)."""
-    images = jnp.zeros((1, model.image_size, model.image_size, model.channels), jnp.float32)
+    images = jnp.zeros((1, *model.image_shape), jnp.float32)
     return model.init(rng, images, rng, train=True)

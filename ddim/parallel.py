@@ -17,12 +17,13 @@ import os
 
 import jax
 import numpy as np
+from ddim.errors import UserError
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
 
 
-class ParallelError(ValueError):
+class ParallelError(UserError, ValueError):
     """The batch cannot be split over the devices (or the distributed setup is wrong)."""
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from ddim import parallel
 from ddim.config import Config
 from ddim.images import to_uint8
-from ddim.model import DiffusionModel, create_model
+from ddim.model import DiffusionModel
 
 
 @functools.cache
@@ -36,11 +36,6 @@ def generate_fn(model: DiffusionModel, out_sharding=None) -> Callable:
         return model.apply(variables, rng, num_images, diffusion_steps, eta, method=DiffusionModel.generate)
 
     return jax.jit(generate, static_argnames=("num_images", "diffusion_steps"), out_shardings=out_sharding)
-
-
-def sample_variables(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """The variables used for sampling: the EMA weights and their batch statistics."""
-    return {"params": state_dict["ema_params"], "batch_stats": state_dict["ema_batch_stats"]}
 
 
 def generate_images(
@@ -87,7 +82,7 @@ class Pipeline:
 
     def __init__(self, config: Config, variables: dict[str, Any], step: int | None = None, path: Path | None = None):
         self.config = config
-        self.model = create_model(config.model)
+        self.model = DiffusionModel(config.model)
         self.variables = variables
         self.step = step
         self.path = path
@@ -116,6 +111,7 @@ def load(path: str | Path, step: int | None = None) -> Pipeline:
     """
     from ddim.checkpoint import CheckpointError, locate
     from ddim.model import init_variables
+    from ddim.train.state import ema_variables
 
     checkpointer, latest = locate(checkpoint=path)
     step = latest if step is None else step
@@ -123,11 +119,11 @@ def load(path: str | Path, step: int | None = None) -> Pipeline:
     state = checkpointer.restore_state(step)
     checkpointer.close()
     try:
-        variables = jax.tree.map(jnp.asarray, sample_variables(state))
+        variables = jax.tree.map(jnp.asarray, ema_variables(state))
     except (KeyError, TypeError) as error:
         raise CheckpointError(f"checkpoint {checkpointer.directory / str(step)} has no EMA weights ({error})") from None
     # The weights must fit the model their stored config describes (shapes and structure).
-    model = create_model(config.model)
+    model = DiffusionModel(config.model)
     expected = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
     expected_shapes = jax.tree.map(lambda x: x.shape, expected)
     try:

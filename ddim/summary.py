@@ -1,4 +1,4 @@
-"""Training output: TensorBoard summaries and a progress display.
+"""Training output: TensorBoard summaries, progress display, and the reports of periodic actions.
 
 TensorBoard event files are written with ``tf.summary`` (TensorFlow is already
 the input pipeline's dependency; it is imported only when a writer is made).
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -52,8 +53,6 @@ class Progress:
 
     def __init__(self, total_steps: int, start_step: int, description: str = "train", stream=None):
         self.stream = stream or sys.stderr
-        self.total = total_steps
-        self.start_step = start_step
         self._bar = None
         if self.stream.isatty():
             from rich.console import Console
@@ -107,3 +106,44 @@ class Throughput:
         rate = self._images / max(now - self._time, 1e-9)
         self._time, self._images = now, 0
         return rate
+
+
+@dataclass
+class Report:
+    """What a periodic action of the training loop has to say: scalars, images, a log line."""
+
+    scalars: dict[str, float] = field(default_factory=dict)
+    """TensorBoard scalars by full name (``"val/noise_loss"``)."""
+    images: dict[str, np.ndarray] = field(default_factory=dict)
+    """TensorBoard images by name, each ``(H, W, C)`` uint8."""
+    message: str | None = None
+    """One line for the log, or None."""
+
+
+class Reporter:
+    """Writes :class:`Report` objects: scalars and images to TensorBoard, messages to the log.
+
+    Only the writing process (process 0) has a TensorBoard writer; the others
+    write nothing, but every process takes part in computing what is reported.
+    """
+
+    def __init__(self, writer: SummaryWriter | None, say: Callable[[str], None]):
+        self.writer = writer
+        self.say = say
+
+    def write(self, step: int, report: Report | None) -> None:
+        if report is None:
+            return
+        if self.writer is not None:
+            if report.scalars:
+                self.writer.scalars(step, report.scalars)
+            for name, image in report.images.items():
+                self.writer.image(step, name, image)
+            if report.images:
+                self.writer.flush()
+        if report.message:
+            self.say(report.message)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -14,7 +14,7 @@ import numpy as np
 def step_mode(args):
     """A few train steps from a fixed state and batch: losses, checksums, sharding of the batch."""
     from ddim import parallel
-    from ddim import train as train_lib
+    from ddim.train import state as train_lib
     from tests.conftest import tiny_config
 
     config = tiny_config()
@@ -22,7 +22,7 @@ def step_mode(args):
     state = train_lib.create_train_state(config, jax.random.key(0), mesh=mesh)
     step_fn, _ = train_lib.compiled_steps(config.train.ema_decay, True, mesh)
     rng = np.random.default_rng(0)
-    losses, grads_norms = [], []
+    losses = []
     for i in range(3):
         batch = rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8)
         images = parallel.global_batch(batch, mesh)
@@ -46,14 +46,14 @@ def step_mode(args):
 
 def train_mode(args):
     """ddim.train.train on mock data up to args['max_steps'] in args['workdir']."""
-    from ddim import train as train_lib
+    from ddim.train import train
     from tests.conftest import mock_flowers, tiny_config
 
     overrides = [f"train.max_steps={args['max_steps']}", "train.log_every=1", "train.eval_every=0"]
     overrides += args.get("overrides", [])
     try:
         with mock_flowers():
-            result = train_lib.train(tiny_config(*overrides), args["workdir"], log=lambda m: None)
+            result = train(tiny_config(*overrides), args["workdir"], log=lambda m: None)
     except Exception as error:  # reported to the test, which checks the message
         return {"error": f"{type(error).__name__}: {error}"}
     params = jax.tree.leaves(jax.device_get(result.state.params))

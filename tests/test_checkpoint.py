@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ddim import checkpoint as ckpt
-from ddim import train as train_lib
+from ddim.train import state as train_lib
 from tests.conftest import tiny_config
 
 

@@ -11,7 +11,7 @@ from tests.conftest import CONFIGS
 def test_reference_config_file_matches_the_documented_defaults():
     config = load_config(CONFIGS / "flowers64.toml")
     assert dataclasses.asdict(config) == dataclasses.asdict(Config())
-    assert config.model.widths == [32, 64, 96, 128] and config.train.batch_size == 64
+    assert config.model.widths == (32, 64, 96, 128) and config.train.batch_size == 64
 
 
 def test_every_config_file_loads():
@@ -27,7 +27,7 @@ def test_overrides_are_typed():
     ])
     assert config.train.batch_size == 4
     assert config.train.learning_rate == pytest.approx(2e-4)
-    assert config.model.widths == [4, 8]
+    assert config.model.widths == (4, 8)
     assert config.train.ema_warmup is False
     assert config.data.dataset == "mnist"  # a bare word is a string
     assert config.model.dtype == "bfloat16"

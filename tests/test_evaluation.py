@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from ddim import evaluation
+from ddim.evaluation import keras_inception
 from tests.conftest import mock_flowers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +55,8 @@ def tiny_network(image_size: int):
     return keras.Model(inputs, outputs)
 
 
-def tiny_extractor(image_size: int, batch_size: int = 32) -> evaluation.FeatureExtractor:
-    return evaluation.FeatureExtractor(tiny_network(image_size), image_size, f"test-random-net@{image_size}", batch_size)
+def tiny_extractor(image_size: int, batch_size: int = 32) -> evaluation.KerasFeatureExtractor:
+    return evaluation.KerasFeatureExtractor(tiny_network(image_size), image_size, f"test-random-net@{image_size}", batch_size)
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def random_inception(monkeypatch):
         calls.append((image_size, Path(weights)))
         return tiny_extractor(image_size, batch_size)
 
-    monkeypatch.setattr(evaluation.FeatureExtractor, "inception", classmethod(fake_inception))
+    monkeypatch.setattr(evaluation.KerasFeatureExtractor, "inception", classmethod(fake_inception))
     return calls
 
 
@@ -80,7 +81,7 @@ def no_weights_anywhere(monkeypatch, tmp_path):
     def offline():
         raise Exception(f"URL fetch failure on {evaluation.WEIGHTS_URL}: None -- [Errno -2] Name or service not known")
 
-    monkeypatch.setattr(evaluation, "_download_weights", offline)
+    monkeypatch.setattr(keras_inception, "_download_weights", offline)
 
 
 def run_cli(*args: str):
@@ -128,7 +129,7 @@ def test_a_named_weights_file_that_does_not_exist_is_an_error_not_a_fallback(mon
 
 def test_inception_never_builds_with_random_weights():
     with pytest.raises(evaluation.EvaluationError, match=evaluation.WEIGHTS_FILE):
-        evaluation.FeatureExtractor.inception(75, None)
+        evaluation.KerasFeatureExtractor.inception(75, None)
 
 
 def test_eval_without_weights_fails_with_one_clear_line(smoke_workdir, no_weights_anywhere):
@@ -190,7 +191,7 @@ def test_inception_loads_a_keras_h5_weights_file(tmp_path):
     path = tmp_path / evaluation.WEIGHTS_FILE
     with h5py.File(path, "w") as file:
         legacy_h5_format.save_weights_to_hdf5_group(file, source)
-    extractor = evaluation.FeatureExtractor.inception(75, path, batch_size=2)
+    extractor = evaluation.KerasFeatureExtractor.inception(75, path, batch_size=2)
     assert extractor.identity.endswith(evaluation.file_md5(path)) and "75px" in extractor.identity
     images = np.random.default_rng(1).integers(0, 256, size=(2, 16, 16, 3), dtype=np.uint8)
     tf = evaluation.tf_keras()[0]
@@ -205,7 +206,7 @@ def test_a_damaged_weights_file_is_one_clear_error(tmp_path):
     path = tmp_path / evaluation.WEIGHTS_FILE
     path.write_bytes(b"truncated download")
     with pytest.raises(evaluation.EvaluationError, match="cannot load InceptionV3 weights from"):
-        evaluation.FeatureExtractor.inception(75, path)
+        evaluation.KerasFeatureExtractor.inception(75, path)
 
 
 def test_generated_features_go_batch_by_batch_with_distinct_reproducible_seeds():

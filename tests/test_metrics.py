@@ -1,11 +1,11 @@
-"""KID and FID maths (ddim/metrics.py) against hand-computed values on small synthetic features."""
+"""KID and FID maths (ddim/evaluation/metrics.py) against hand-computed values on small synthetic features."""
 
 import math
 
 import numpy as np
 import pytest
 
-from ddim import metrics
+from ddim.evaluation import metrics
 
 
 def test_polynomial_kernel_is_the_cubic_kid_kernel():

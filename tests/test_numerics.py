@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ddim import ops
-from ddim import train as train_lib
+from ddim.train import state as train_lib
 from tests import reference_ops
 from tests.conftest import tiny_config
 

@@ -1,0 +1,71 @@
+"""The Typer application and what its commands share: one-line errors, common options, runtime setup.
+
+Only the standard library and Typer are imported here, so ``ddim --help`` is
+instant; JAX, Flax and TensorFlow load inside commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="DDIM image generation on JAX: train on Oxford Flowers 102 or your own images, sample, evaluate.",
+)
+
+DEFAULT_RUNS_DIR = Path("runs")
+
+CACHE_HELP = "JAX compilation cache directory ('off' to disable; default ~/.cache/ddim/jax or $DDIM_COMPILATION_CACHE)."
+
+
+def fail(message: str, code: int = 1):
+    """Print one error line and exit (no traceback)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a :class:`ddim.errors.UserError` raised inside into one ``error:`` line and exit status 1."""
+    from ddim.errors import UserError
+
+    try:
+        yield
+    except UserError as error:
+        fail(str(error))
+
+
+def require_positive(**values: Optional[int]) -> None:
+    """Exit with status 2 and one line naming the first option whose value is below 1."""
+    for name, value in values.items():
+        if value is not None and value < 1:
+            fail(f"--{name.replace('_', '-')} must be >= 1 (got {value})", code=2)
+
+
+def setup_runtime(compilation_cache: Optional[str]) -> None:
+    """The persistent compilation cache; must run before JAX compiles anything.
+
+    (The XLA flags were set when ``ddim`` was imported.)
+    """
+    from ddim import runtime
+
+    runtime.enable_compilation_cache(compilation_cache)
+
+
+def default_checkpoint_source() -> Path:
+    """The work directory under runs/ with the most recently written checkpoint."""
+    candidates = [p.parent for p in DEFAULT_RUNS_DIR.glob("*/checkpoints") if p.is_dir()]
+    if not candidates:
+        fail(f"no checkpoints found under {DEFAULT_RUNS_DIR}/ (train first, or pass --workdir or --checkpoint)")
+    return max(candidates, key=lambda p: (p / "checkpoints").stat().st_mtime)
+
+
+def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path]) -> Path:
+    """What ``--checkpoint``/``--workdir`` name, else the newest run under runs/."""
+    return checkpoint or workdir or default_checkpoint_source()

@@ -1,0 +1,44 @@
+"""``ddim train``: a thin wrapper over :func:`ddim.train.train`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ddim.cli.app import CACHE_HELP, DEFAULT_RUNS_DIR, app, setup_runtime, user_errors
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: the flowers64 reference setup)."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory (default: runs/<config name>)."),
+    overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    coordinator: Optional[str] = typer.Option(
+        None, "--coordinator", help="Multi-host: address host:port of process 0 (or set DDIM_DISTRIBUTED=1)."
+    ),
+    num_processes: Optional[int] = typer.Option(None, "--num-processes", help="Multi-host: number of processes."),
+    process_id: Optional[int] = typer.Option(None, "--process-id", help="Multi-host: index of this process."),
+):
+    """Train (or resume training) a DDIM; Ctrl-C saves a checkpoint, running again resumes."""
+    from ddim.config import load_config
+
+    with user_errors():
+        cfg = load_config(config, overrides)
+    setup_runtime(compilation_cache)
+    from ddim.parallel import initialize_distributed
+    from ddim.train import train as run_training
+
+    workdir = workdir or DEFAULT_RUNS_DIR / cfg.name
+    try:
+        with user_errors():
+            initialize_distributed(coordinator, num_processes, process_id)
+            result = run_training(cfg, workdir)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130)
+    if result.interrupted:
+        raise typer.Exit(130)
+    typer.echo(f"trained to step {result.final_step}; checkpoints in {Path(workdir) / 'checkpoints'}")

@@ -1,0 +1,141 @@
+"""The real images an evaluation compares with, and the cache of their features.
+
+Real images are a split of the checkpoint's dataset, preprocessed exactly as
+for training (:func:`ddim.data.load_split`): ``val`` (``data.val_split``, the
+default, like the Keras example's KID) or ``train``; ``real_num`` draws a
+fixed random subset. Their features are cached in
+``<workdir>/eval_cache/real_<key>.npz``, keyed on everything they depend on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ddim.config import Config
+from ddim.evaluation.features import EvaluationError, FeatureExtractor, extract_with_progress
+
+SPLITS = ("val", "train")
+CACHE_DIR = "eval_cache"
+_CACHE_VERSION = 1  # bump when the preprocessing or the cache layout changes
+
+
+def split_expression(config: Config, split: str) -> str:
+    """The TFDS split expression of ``split`` ("val" or "train") in ``config``."""
+    if split not in SPLITS:
+        raise EvaluationError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
+    expression = config.data.val_split if split == "val" else config.data.train_split
+    if not expression:
+        raise EvaluationError(f"the checkpoint's config has no data.{split}_split; use --split train")
+    return expression
+
+
+def real_cache_key(config: Config, split: str, real_num: int | None, identity: str) -> str:
+    """Hash of everything the real features depend on: dataset, split, image size, count, network."""
+    key = {
+        "version": _CACHE_VERSION,
+        "dataset": config.data.dataset,
+        "split": split,
+        "expression": split_expression(config, split),
+        "image_size": config.model.image_size,
+        "channels": config.model.channels,
+        "real_num": real_num,
+        "network": identity,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def select_real(images: np.ndarray, real_num: int | None) -> np.ndarray:
+    """All images, or a fixed random subset of ``real_num`` of them (in their original order)."""
+    if real_num is None or real_num >= len(images):
+        return images
+    index = np.sort(np.random.default_rng(0).choice(len(images), real_num, replace=False))
+    return images[index]
+
+
+def _load_cached(path: Path) -> np.ndarray | None:
+    try:
+        with np.load(path) as data:
+            features = np.asarray(data["features"], np.float32)
+    except Exception:  # missing, truncated or foreign file: recompute
+        return None
+    return features if features.ndim == 2 and len(features) else None
+
+
+def _save_cached(path: Path, features: np.ndarray, meta: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, features=features, meta=np.array(json.dumps(meta)))
+    os.replace(tmp, path)
+
+
+def real_features(
+    config: Config,
+    split: str,
+    real_num: int | None,
+    extractors: Sequence[FeatureExtractor],
+    cache_dir: str | os.PathLike | None = None,
+    log=None,
+    show_progress: bool = False,
+    images: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Features of the real images of ``split`` for each extractor, from the cache when possible.
+
+    The images are loaded (and preprocessed as for training) only if some
+    extractor's features are not cached; a caller that already holds the
+    split's images (``load_split(config, split_expression(config, split))``)
+    can pass them as ``images`` instead. With ``cache_dir=None`` nothing is
+    cached. Raises :class:`ddim.data.DataError` when the dataset cannot be loaded.
+    """
+    log = log or (lambda message: None)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    paths = [
+        cache / f"real_{real_cache_key(config, split, real_num, ex.identity)}.npz" if cache else None
+        for ex in extractors
+    ]
+    results: list[np.ndarray | None] = [_load_cached(p) if p is not None else None for p in paths]
+    for path, result in zip(paths, results):
+        if result is not None:
+            log(f"real features: {len(result)} images from the cache {path}")
+    if all(r is not None for r in results):
+        return results  # type: ignore[return-value]
+
+    expression = split_expression(config, split)
+    if images is None:
+        from ddim import data as data_lib
+
+        images = data_lib.load_split(config, expression)
+    images = select_real(np.asarray(images), real_num)
+    if len(images) < 2:
+        raise EvaluationError(f"split {split!r} ({expression}) has {len(images)} image(s); need at least 2")
+    for index, (extractor, path) in enumerate(zip(extractors, paths)):
+        if results[index] is not None:
+            continue
+        started = time.perf_counter()
+        features = extract_with_progress(extractor, images, f"real {extractor.image_size}px", show_progress)
+        results[index] = features
+        log(
+            f"real features: {len(images)} {split} images at {extractor.image_size}px in "
+            f"{time.perf_counter() - started:.1f}s"
+        )
+        if path is not None:
+            meta = {
+                "dataset": config.data.dataset,
+                "split": split,
+                "expression": expression,
+                "image_size": config.model.image_size,
+                "real_num": real_num,
+                "network": extractor.identity,
+            }
+            try:
+                _save_cached(path, features, meta)
+            except OSError as error:  # a cache that cannot be written only costs time next run
+                log(f"warning: cannot cache the real features in {path}: {error.strerror or error}")
+    return results  # type: ignore[return-value]
+
+

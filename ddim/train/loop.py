@@ -1,0 +1,196 @@
+"""The training loop: set a run up (data, state, resume), then step until done.
+
+``train(config, workdir)`` is the whole job; ``ddim train`` is a thin wrapper.
+The loop only trains: logging, checkpointing, validation, sample grids and KID
+are periodic actions (:mod:`ddim.train.actions`) that it calls after every
+step. Interrupting it (Ctrl-C, SIGTERM, a crash) saves a checkpoint; running
+it again continues from the latest checkpoint exactly as if it had never
+stopped: the step's noise comes from ``fold_in(key, step)`` and the data order
+from ``(seed, epoch)`` (see :mod:`ddim.data`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+from ddim import data as data_lib
+from ddim import parallel
+from ddim.checkpoint import Checkpointer, checkpoint_dir, model_config_mismatch
+from ddim.config import Config
+from ddim.model import DiffusionModel
+from ddim.summary import Progress, Reporter, SummaryWriter
+from ddim.train import state as state_lib
+from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, TrainingError, default_actions
+from ddim.train.state import TrainState
+from ddim.train.stop import StopRequest
+
+# Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
+# already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
+MAX_STEPS_AHEAD = 2
+
+
+@dataclass
+class TrainResult:
+    """What a call of :func:`train` did."""
+
+    state: TrainState
+    start_step: int
+    final_step: int
+    interrupted: bool
+    last_metrics: dict[str, float]
+
+
+def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=None) -> TrainResult:
+    """Train (or resume training) ``config`` in ``workdir``; see the module docstring.
+
+    ``log`` receives progress lines (default: the progress display);
+    ``kid_extractor_factory(image_size)`` replaces InceptionV3 for the KID
+    monitor (tests inject a small random network; the CLI never does).
+    """
+    run = TrainingRun.prepare(config, workdir, log)
+    if run.start_step >= run.total_steps:
+        run.say(f"already trained for {run.start_step} steps (of {run.total_steps}); nothing to do")
+        run.close()
+        return TrainResult(run.state, run.start_step, run.start_step, False, {})
+    actions = default_actions(run, kid_extractor_factory)
+    step_fn, _ = state_lib.compiled_steps(config.train.ema_decay, config.train.ema_warmup, run.mesh)
+    batches = run.train_batches()
+    state, info, stopped, action_seconds = run.state, None, False, 0.0
+    started = time.perf_counter()
+    try:
+        with StopRequest() as stop:
+            for step in range(run.start_step + 1, run.total_steps + 1):
+                state, step_metrics = step_fn(state, next(batches), run.train_rng)
+                run.metrics.append(step_metrics)
+                run.metrics.bound_dispatch(MAX_STEPS_AHEAD)
+                train_seconds = time.perf_counter() - started - action_seconds
+                info = StepInfo(step, run.total_steps, run.steps_per_epoch, state, train_seconds, stop.requested)
+                action_seconds += run.run_actions(actions, info)
+                if stop.requested:
+                    stopped = True
+                    run.say(f"stopped at step {step}; checkpoint saved, run the same command to resume")
+                    break
+    except TrainingError as error:
+        run.finish(actions, info, error)
+        raise TrainingError(f"{error}; {run.last_checkpoint()}") from None
+    except BaseException as error:
+        run.finish(actions, info, error)
+        raise
+    run.finish(actions, info, None)
+    return TrainResult(state, run.start_step, info.step, stopped, run.metrics.last_mean)
+
+
+@dataclass
+class TrainingRun:
+    """Everything a training run is made of, set up by :meth:`prepare` (resuming when it can)."""
+
+    config: Config
+    workdir: Path
+    say: Callable[[str], None]
+    progress: Progress
+    reporter: Reporter
+    mesh: Any
+    model: DiffusionModel
+    state: TrainState
+    checkpointer: Checkpointer
+    train_images: np.ndarray
+    val_images: np.ndarray | None
+    steps_per_epoch: int
+    total_steps: int
+    start_step: int
+    train_rng: Any
+    eval_rng: Any
+    grid_rng: Any
+    is_writer: bool
+    metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
+
+    @classmethod
+    def prepare(cls, config: Config, workdir: str | Path, log=None) -> "TrainingRun":
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        t = config.train
+        train_images = data_lib.load_split(config, config.data.train_split)
+        steps_per_epoch = data_lib.steps_per_epoch(config, len(train_images))
+        total_steps = t.num_epochs * steps_per_epoch
+        if t.max_steps:
+            total_steps = min(total_steps, t.max_steps)
+        val_images = data_lib.load_split(config, config.data.val_split) if t.eval_every else None
+
+        mesh = parallel.data_mesh()
+        parallel.check_batch_size(t.batch_size, mesh)
+        init_rng, train_rng, eval_rng, grid_rng = jax.random.split(jax.random.key(t.seed), 4)
+        state = state_lib.create_train_state(config, init_rng, mesh)
+        checkpointer = Checkpointer(checkpoint_dir(workdir), keep=t.keep_checkpoints)
+        latest = checkpointer.latest_step()
+        if latest is not None:
+            mismatch = model_config_mismatch(checkpointer.restore_config(latest), config)
+            if mismatch:
+                checkpointer.close()
+                raise TrainingError(f"cannot resume from {checkpointer.directory}: {mismatch}; use another --workdir")
+            state = state_lib.restore_train_state(checkpointer, latest, state)
+        elif t.normalizer_batches:
+            # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
+            # run denormalises its samples correctly.
+            first = data_lib.epoch_batches(train_images, config, epoch=0).take(t.normalizer_batches)
+            stats = state_lib.image_statistics(first.as_numpy_iterator())
+            state = parallel.replicate(state_lib.set_normalizer_stats(state, *stats), mesh)
+        start_step = int(state.step)
+
+        progress = Progress(total_steps, start_step, description=config.name)
+        say = log or progress.log
+        is_writer = jax.process_index() == 0
+        writer = SummaryWriter(workdir / "tensorboard") if is_writer and start_step < total_steps else None
+        say(
+            f"{config.name}: {len(train_images)} training images, {steps_per_epoch} steps/epoch, {total_steps} steps, "
+            f"batch {t.batch_size}, workdir {workdir}" + (f"; resuming from step {start_step}" if latest is not None else "")
+        )
+        return cls(
+            config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
+            checkpointer, train_images, val_images, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
+            grid_rng, is_writer,
+        )
+
+    def train_batches(self) -> Iterator[jax.Array]:
+        """Global training batches from ``start_step`` on, each process feeding its own rows."""
+        rows = parallel.process_slice(self.config.train.batch_size)
+        for batch in data_lib.train_batches(self.train_images, self.config, self.start_step, self.steps_per_epoch):
+            yield parallel.global_batch(batch[rows], self.mesh)
+
+    def val_batches(self) -> Iterator[jax.Array]:
+        """The validation images as global batches, in fixed order."""
+        rows = parallel.process_slice(self.config.train.batch_size)
+        for batch in data_lib.eval_batches(self.val_images, self.config):
+            yield parallel.global_batch(batch[rows], self.mesh)
+
+    def run_actions(self, actions: list[PeriodicAction], info: StepInfo) -> float:
+        """Run the due actions and report what they say; returns the seconds they took."""
+        started = time.perf_counter()
+        for action in actions:
+            if action.due(info):
+                self.reporter.write(info.step, action.run(info))
+        return time.perf_counter() - started
+
+    def finish(self, actions: list[PeriodicAction], info: StepInfo | None, error: BaseException | None) -> None:
+        """End the run: every action's ``finish`` (a crash save among them), then close the outputs."""
+        try:
+            for action in actions:
+                action.finish(info, error)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.reporter.close()
+        self.progress.close()
+
+    def last_checkpoint(self) -> str:
+        """A sentence naming the newest checkpoint on disk (call after :meth:`close`)."""
+        last = self.checkpointer.latest_step()
+        where = f"the last good checkpoint is step {last}" if last is not None else "no checkpoint was saved"
+        return f"{where} in {self.checkpointer.directory}"

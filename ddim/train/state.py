@@ -1,0 +1,199 @@
+"""The train state and the jitted steps: what one optimiser step does, with nothing around it.
+
+``TrainState`` carries the parameters and AdamW state (flax's ``TrainState``),
+the BatchNorm running statistics, and the exponential moving average (EMA) of
+both that sampling uses. ``train_step``/``eval_step`` are pure functions of the
+state, a batch and a key; :func:`compiled_steps` jits them over the device mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.training import train_state
+
+from ddim import parallel, runtime
+from ddim.config import Config
+from ddim.model import DiffusionModel, init_variables
+
+
+class TrainState(train_state.TrainState):
+    """Optimiser state plus BatchNorm statistics and the EMA copy used for sampling."""
+
+    batch_stats: Any
+    ema_params: Any
+    ema_batch_stats: Any
+
+
+def ema_variables(state) -> dict[str, Any]:
+    """The variables sampling uses: the EMA weights and their BatchNorm statistics.
+
+    ``state`` is a :class:`TrainState` or its state dict (as restored from a checkpoint).
+    """
+    if isinstance(state, TrainState):
+        return {"params": state.ema_params, "batch_stats": state.ema_batch_stats}
+    return {"params": state["ema_params"], "batch_stats": state["ema_batch_stats"]}
+
+
+def create_optimizer(config: Config) -> optax.GradientTransformation:
+    t = config.train
+    return optax.adamw(t.learning_rate, b1=0.9, b2=0.999, eps=t.adam_eps, weight_decay=t.weight_decay)
+
+
+def create_train_state(config: Config, rng, mesh=None) -> TrainState:
+    """A fresh state: initial parameters, AdamW, EMA weights equal to the parameters.
+
+    The state is replicated over ``mesh`` (default: all devices).
+    """
+    model = DiffusionModel(config.model)
+    init = jax.jit(functools.partial(init_variables, model))
+    variables = runtime.compile_for_one_call(init, rng)(rng)
+    params, batch_stats = variables["params"], variables["batch_stats"]
+    state = TrainState.create(
+        apply_fn=model.apply,
+        params=params,
+        tx=create_optimizer(config),
+        batch_stats=batch_stats,
+        # Copies, not aliases: the train step donates every buffer of the state.
+        ema_params=jax.tree.map(jnp.copy, params),
+        ema_batch_stats=jax.tree.map(jnp.copy, batch_stats),
+    )
+    # An array (not a Python int) so checkpoints restore it like every other leaf.
+    state = state.replace(step=jnp.zeros((), jnp.int32))
+    return parallel.replicate(state, mesh or parallel.data_mesh())
+
+
+def ema_decay_at(step, decay: float, warmup: bool):
+    """EMA decay for the update after ``step`` optimiser steps.
+
+    With warm-up the decay is ``min(decay, (1 + step) / (10 + step))``: the EMA
+    follows the fast-moving early weights closely instead of staying near the
+    (zero-output) initial network for thousands of steps.
+    """
+    if not warmup:
+        return jnp.asarray(decay, jnp.float32)
+    step = jnp.asarray(step, jnp.float32)
+    return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
+def update_ema(state: TrainState, step, decay: float, warmup: bool) -> TrainState:
+    """Move the EMA weights and statistics towards the state's current ones.
+
+    ``ema <- decay * ema + (1 - decay) * value`` (``optax.incremental_update``),
+    with the decay of :func:`ema_decay_at` for ``step``, the step the state
+    was at before its latest update.
+    """
+    rate = 1.0 - ema_decay_at(step, decay, warmup)
+    return state.replace(
+        ema_params=optax.incremental_update(state.params, state.ema_params, rate),
+        ema_batch_stats=optax.incremental_update(state.batch_stats, state.ema_batch_stats, rate),
+    )
+
+
+def mean_absolute_error(a, b):
+    return jnp.mean(jnp.abs(a - b))
+
+
+def to_float(images):
+    """uint8 images -> float32 in [0, 1] (on the device, inside the jitted steps)."""
+    return images.astype(jnp.float32) / 255.0
+
+
+def train_step(state: TrainState, images, rng, ema_decay: float, ema_warmup: bool):
+    """One AdamW step on the mean absolute error of the predicted noise, then the EMA update.
+
+    ``images`` are uint8 ``(B, H, W, C)``; ``rng`` is the run's base key, folded
+    with the step so every step has its own noise whatever process runs it.
+    Returns the new state and ``{"noise_loss", "image_loss"}``.
+    """
+    rng = jax.random.fold_in(rng, state.step)
+    images = to_float(images)
+
+    def loss_fn(params):
+        (noises, clean, pred_noises, pred_images), updates = state.apply_fn(
+            {"params": params, "batch_stats": state.batch_stats}, images, rng, train=True, mutable=["batch_stats"]
+        )
+        return mean_absolute_error(noises, pred_noises), (mean_absolute_error(clean, pred_images), updates)
+
+    (noise_loss, (image_loss, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    new_state = state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
+    new_state = update_ema(new_state, state.step, ema_decay, ema_warmup)
+    return new_state, {"noise_loss": noise_loss, "image_loss": image_loss}
+
+
+def eval_step(state: TrainState, images, rng):
+    """Validation losses of the EMA model (BatchNorm in inference mode) on uint8 ``images``."""
+    noises, clean, pred_noises, pred_images = state.apply_fn(ema_variables(state), to_float(images), rng, train=False)
+    return {"noise_loss": mean_absolute_error(noises, pred_noises), "image_loss": mean_absolute_error(clean, pred_images)}
+
+
+def compiled_steps(ema_decay: float, ema_warmup: bool, mesh=None):
+    """Jitted train and eval steps over ``mesh`` (default: all devices).
+
+    Inputs arrive replicated (state, key) and batch-sharded (images); outputs
+    are pinned replicated, so XLA all-reduces gradients and BatchNorm
+    statistics across devices. The train step donates the old state.
+    """
+    return _compiled_steps(ema_decay, ema_warmup, mesh or parallel.data_mesh())
+
+
+@functools.cache
+def _compiled_steps(ema_decay: float, ema_warmup: bool, mesh):
+    replicated = parallel.replicated(mesh)
+    step = jax.jit(
+        functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup),
+        donate_argnums=(0,),
+        out_shardings=(replicated, replicated),
+    )
+    return step, jax.jit(eval_step, out_shardings=replicated)
+
+
+def set_normalizer_stats(state: TrainState, mean, var) -> TrainState:
+    """Set the image normaliser's statistics (live and EMA) to a dataset's mean and variance."""
+
+    def replace(stats):
+        stats = flax.core.unfreeze(stats)
+        stats["normalizer"] = {"mean": jnp.asarray(mean, jnp.float32), "var": jnp.asarray(var, jnp.float32)}
+        return stats
+
+    return state.replace(batch_stats=replace(state.batch_stats), ema_batch_stats=replace(state.ema_batch_stats))
+
+
+def image_statistics(batches) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and variance of uint8 image batches, as floats in [0, 1] units."""
+    total, total_sq, count = 0.0, 0.0, 0
+    for batch in batches:
+        pixels = batch.reshape(-1, batch.shape[-1]).astype(np.float64) / 255.0
+        total = total + pixels.sum(0)
+        total_sq = total_sq + (pixels**2).sum(0)
+        count += pixels.shape[0]
+    mean = total / count
+    return mean.astype(np.float32), np.maximum(total_sq / count - mean**2, 0.0).astype(np.float32)
+
+
+def state_to_dict(state: TrainState) -> dict[str, Any]:
+    return flax.serialization.to_state_dict(state)
+
+
+def state_from_dict(template: TrainState, state_dict: dict[str, Any]) -> TrainState:
+    return flax.serialization.from_state_dict(template, state_dict)
+
+
+def abstract_state_dict(template: TrainState) -> dict[str, Any]:
+    """Shapes, dtypes and shardings of ``template`` as a state dict: the target of a restore."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        state_to_dict(template),
+    )
+
+
+def restore_train_state(checkpointer, step: int, template: TrainState) -> TrainState:
+    """Restore ``step`` of a :class:`ddim.checkpoint.Checkpointer` into the structure, shapes and
+    shardings of ``template``."""
+    return state_from_dict(template, checkpointer.restore_state(step, abstract_state_dict(template)))
