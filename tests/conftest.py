@@ -36,6 +36,16 @@ TINY = [
 ]
 
 
+def run_once(fn, *args):
+    """``jax.jit(fn)(*args)``, compiled the cheap way (LLVM optimisations off on CPU, same results):
+    for structure tests that run a function once, where compiling dominates."""
+    import jax
+
+    from ddim import runtime
+
+    return runtime.compile_for_one_call(jax.jit(fn), *args)(*args)
+
+
 def tiny_config(*overrides: str):
     from ddim.config import load_config
 

@@ -4,9 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import CONFIGS, REPO
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs_on_the_smoke_config(tmp_path):
     out = tmp_path / "bench.json"
     command = [
@@ -22,5 +25,3 @@ def test_benchmark_script_runs_on_the_smoke_config(tmp_path):
                 "matmul_peak_gflops_per_second", "train_fraction_of_matmul_peak"):
         assert isinstance(result[key], (int, float)) and result[key] > 0, key
     assert len(result["train_window_images_per_second"]) == 2
-    # The warm persistent cache skips compilation.
-    assert result["cli_sample_warm_cache_seconds"] < result["cli_sample_cold_cache_seconds"]

@@ -67,6 +67,7 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
         data.load_split(config, "train")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(real_data_dir() is None, reason="the prepared oxford_flowers102 copy (../shared/tfds) is absent")
 def test_real_oxford_flowers_split_sizes_and_values():
     from ddim.config import Config

@@ -177,6 +177,7 @@ def test_feature_extractor_batches_resizes_and_accepts_grayscale():
         extractor(images.astype(np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")  # Keras' own saver
 def test_inception_loads_a_keras_h5_weights_file(tmp_path):
     """The real InceptionV3 architecture at 75px, with a legacy .h5 file saved from a random init:
@@ -232,6 +233,7 @@ def test_generated_features_go_batch_by_batch_with_distinct_reproducible_seeds()
 # --------------------------------------------------------------------------- the evaluation job
 
 
+@pytest.mark.slow
 def test_eval_cli_end_to_end_writes_a_json_line_and_caches_real_features(
     smoke_workdir, tmp_path, monkeypatch, random_inception
 ):

@@ -1,7 +1,5 @@
 """Shapes, dtypes and defining properties of the network modules (ddim/model.py)."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +8,7 @@ import pytest
 from ddim.config import ModelConfig
 from ddim.model import DiffusionModel, ResidualBlock, UNet, init_variables, sinusoidal_embedding
 from ddim.sampling import generate_fn
-from tests.conftest import tiny_config
+from tests.conftest import run_once, tiny_config
 
 TINY_MODEL = ModelConfig(image_size=16, widths=(8, 16), block_depth=1, embedding_dims=8)
 
@@ -29,8 +27,8 @@ def test_sinusoidal_embedding_layout():
 def test_residual_block_shapes_and_skip(in_width, width):
     block = ResidualBlock(width)
     x = jax.random.normal(jax.random.key(0), (2, 8, 8, in_width))
-    variables = jax.jit(lambda k, x: block.init(k, x, train=True))(jax.random.key(1), x)
-    y, updates = jax.jit(lambda v, x: block.apply(v, x, train=True, mutable=["batch_stats"]))(variables, x)
+    variables = run_once(lambda k, x: block.init(k, x, train=True), jax.random.key(1), x)
+    y, updates = run_once(lambda v, x: block.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
     assert y.shape == (2, 8, 8, width) and y.dtype == jnp.float32
     assert ("skip" in variables["params"]) == (in_width != width)
     # BatchNorm without scale/offset: only running statistics, no BN parameters.
@@ -42,9 +40,9 @@ def test_unet_output_shape_and_zero_initialised_head():
     net = UNet(ModelConfig(widths=(8, 16, 24), block_depth=2, embedding_dims=8))
     x = jax.random.normal(jax.random.key(0), (3, 16, 16, 3))
     variances = jnp.full((3, 1, 1, 1), 0.3)
-    variables = jax.jit(lambda k: net.init(k, x, variances, train=True))(jax.random.key(1))
+    variables = run_once(lambda k: net.init(k, x, variances, train=True), jax.random.key(1))
     np.testing.assert_array_equal(variables["params"]["head"]["kernel"], 0.0)
-    out, _ = jax.jit(lambda v: net.apply(v, x, variances, train=True, mutable=["batch_stats"]))(variables)
+    out, _ = run_once(lambda v: net.apply(v, x, variances, train=True, mutable=["batch_stats"]), variables)
     assert out.shape == x.shape and out.dtype == jnp.float32
     np.testing.assert_array_equal(out, 0.0)
 
@@ -60,11 +58,11 @@ def test_keras_reference_parameter_count():
 
 def test_diffusion_model_forward_outputs():
     model = DiffusionModel(TINY_MODEL)
-    variables = jax.jit(init_variables, static_argnums=0)(model, jax.random.key(0))
+    variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
     images = jax.random.uniform(jax.random.key(1), (4, 16, 16, 3))
-    (noises, clean, pred_noises, pred_images), updates = jax.jit(
-        lambda v, x, k: model.apply(v, x, k, train=True, mutable=["batch_stats"])
-    )(variables, images, jax.random.key(2))
+    (noises, clean, pred_noises, pred_images), updates = run_once(
+        lambda v, x, k: model.apply(v, x, k, train=True, mutable=["batch_stats"]), variables, images, jax.random.key(2)
+    )
     for array in (noises, clean, pred_noises, pred_images):
         assert array.shape == (4, 16, 16, 3) and array.dtype == jnp.float32
     # The untrained (zero-head) model predicts zero noise, so its image estimate is x_t / signal_rate.
@@ -75,19 +73,10 @@ def test_diffusion_model_forward_outputs():
     assert set(updates["batch_stats"]) == {"normalizer", "network"}
 
 
-def test_bfloat16_compute_keeps_float32_parameters_and_outputs():
-    model = DiffusionModel(dataclasses.replace(TINY_MODEL, dtype="bfloat16"))
-    variables = init_variables(model, jax.random.key(0))
-    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(variables))
-    images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3))
-    outputs, _ = model.apply(variables, images, jax.random.key(2), train=True, mutable=["batch_stats"])
-    assert all(o.dtype == jnp.float32 for o in outputs)
-
-
 @pytest.fixture(scope="module")
 def tiny_model_and_variables():
     model = DiffusionModel(TINY_MODEL)
-    variables = jax.jit(init_variables, static_argnums=0)(model, jax.random.key(0))
+    variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
     # Make the head non-zero so generation depends on the network, and set image statistics.
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: jax.random.normal(jax.random.key(len(path)), x.shape) * 0.05 if "head" in str(path) else x,

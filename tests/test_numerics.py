@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ddim import ops
-from ddim.train import state as train_lib
+from ddim.train import state as state_lib
 from tests import reference_ops
 from tests.conftest import tiny_config
 
@@ -28,45 +28,50 @@ def _smooth_images(count: int, size: int) -> np.ndarray:
     return np.asarray(jax.image.resize(coarse, (count, size, size, 3), "bilinear")).clip(0, 255).astype(np.uint8)
 
 
-def _train_losses(config) -> np.ndarray:
-    """Noise losses of ``STEPS`` training steps from the same initial state, data and keys."""
+def _train(config):
+    """The noise losses of ``STEPS`` training steps from the same initial state, data and keys, and the final state."""
     t = config.train
-    state = train_lib.create_train_state(config, jax.random.key(0))
+    state = state_lib.create_train_state(config, jax.random.key(0))
     images = _smooth_images(4 * t.batch_size, config.model.image_size)
-    mean, var = train_lib.image_statistics([images])
+    mean, var = state_lib.image_statistics([images])
     # On one device, as the jitted step's outputs will be: no second compilation at step 2.
-    state = jax.device_put(train_lib.set_normalizer_stats(state, mean, var), jax.devices()[0])
+    state = jax.device_put(state_lib.set_normalizer_stats(state, mean, var), jax.devices()[0])
     # A fresh jit (not train.compiled_steps' cached one), so it traces whatever ops are current.
-    step = jax.jit(functools.partial(train_lib.train_step, ema_decay=t.ema_decay, ema_warmup=t.ema_warmup))
+    step = jax.jit(functools.partial(state_lib.train_step, ema_decay=t.ema_decay, ema_warmup=t.ema_warmup))
     losses = []
     for i in range(STEPS):
         batch = images[(i % 4) * t.batch_size : (i % 4 + 1) * t.batch_size]
         state, metrics = step(state, jnp.asarray(batch), jax.random.fold_in(jax.random.key(1), i))
         losses.append(float(metrics["noise_loss"]))
-    return np.asarray(losses)
+    return np.asarray(losses), state
 
 
 @pytest.fixture(scope="module")
 def float32_losses():
-    return _train_losses(tiny_config("train.learning_rate=0.005"))
+    return _train(tiny_config("train.learning_rate=0.005"))[0]
 
 
 def test_the_tiny_run_learns(float32_losses):
     assert float32_losses[-6:].mean() < 0.85 * float32_losses[:3].mean()
 
 
+@pytest.mark.slow
 def test_fast_ops_train_exactly_like_the_textbook_ops(monkeypatch, float32_losses):
     for name in ("conv2d", "average_pool_2x", "upsample_bilinear_2x"):
         monkeypatch.setattr(ops, name, getattr(reference_ops, name))
-    reference = _train_losses(tiny_config("train.learning_rate=0.005"))
+    reference, _ = _train(tiny_config("train.learning_rate=0.005"))
     # Same function, different summation order: float32 round-off only.
     np.testing.assert_allclose(float32_losses[0], reference[0], rtol=1e-5)
     np.testing.assert_allclose(float32_losses, reference, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_trains_to_the_float32_loss(float32_losses):
-    bf16 = _train_losses(tiny_config("train.learning_rate=0.005", 'model.dtype="bfloat16"'))
+    bf16, state = _train(tiny_config("train.learning_rate=0.005", 'model.dtype="bfloat16"'))
     assert np.isfinite(bf16).all()
+    # Only the computation is bfloat16: parameters, EMA weights and statistics stay float32.
+    leaves = jax.tree.leaves(state_lib.state_to_dict(state))
+    assert all(x.dtype == jnp.float32 for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
     # bfloat16 keeps 8 bits of mantissa: per-step losses drift, the learning curve must not.
     np.testing.assert_allclose(bf16[0], float32_losses[0], rtol=0.02)
     np.testing.assert_allclose(bf16[-8:].mean(), float32_losses[-8:].mean(), rtol=0.05)

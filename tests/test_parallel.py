@@ -34,6 +34,7 @@ def parse(code, stdout, stderr):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.slow
 def test_one_and_four_devices_train_the_same_function():
     one = run_worker("step", {}, devices=1)
     four = run_worker("step", {}, devices=4)
@@ -47,6 +48,7 @@ def test_one_and_four_devices_train_the_same_function():
     np.testing.assert_allclose(four["batch_stats"], one["batch_stats"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_checkpoint_from_four_devices_resumes_on_two_and_one(tmp_path):
     """Saved on 4 devices at step 4; resumed on 2 and on 1 to step 6: the same losses and weights
     (the 1- vs 4-device equivalence of a step is the test above)."""
@@ -64,6 +66,7 @@ def test_checkpoint_from_four_devices_resumes_on_two_and_one(tmp_path):
     np.testing.assert_allclose(on_two["params"], on_one["params"], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_batch_not_divisible_by_devices_is_a_clear_error(tmp_path):
     result = run_worker("train", {"workdir": str(tmp_path), "max_steps": 2, "overrides": ["train.batch_size=6"]},
                         devices=4)
@@ -78,6 +81,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_with_jax_distributed_agree(tmp_path):
     coordinator = f"127.0.0.1:{_free_port()}"
     workers = [

@@ -39,9 +39,10 @@ def test_generate_rejects_bad_arguments(pipe):
         pipe.generate(0, steps=2)
 
 
-def test_load_a_specific_step_and_missing_paths(trained_workdir, tmp_path):
+def test_load_a_step_directory_and_a_missing_path(trained_workdir, tmp_path):
+    """Every form of path is ``locate``'s (tests/test_checkpoint.py); here, that ``load`` passes them on."""
     assert ddim.load(trained_workdir / "checkpoints" / "4").step == 4
-    with pytest.raises(CheckpointError):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
         ddim.load(tmp_path / "nothing-here")
 
 

@@ -32,6 +32,7 @@ def _params(workdir, step):
     return state
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
     with mock_flowers():
         straight = loop.train(tiny_config("train.max_steps=7"), tmp_path / "straight", log=lambda m: None)
@@ -70,6 +71,7 @@ def _patched_steps(monkeypatch, after_step):
     monkeypatch.setattr(state_lib, "compiled_steps", fake)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_good_checkpoint(tmp_path, monkeypatch):
     def poison(n, metrics):
         return {**metrics, "noise_loss": jnp.float32(jnp.nan)} if n == 6 else metrics
@@ -84,6 +86,7 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_good_checkpoint(
     checkpointer.close()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_stops_then_resumes(tmp_path, monkeypatch):
     def terminate(n, metrics):
         if n == 3:
@@ -101,6 +104,7 @@ def test_sigterm_saves_and_stops_then_resumes(tmp_path, monkeypatch):
     assert (resumed.start_step, resumed.final_step, resumed.interrupted) == (3, 8, False)
 
 
+@pytest.mark.slow
 def test_python_stays_at_most_two_steps_ahead_of_the_device(tmp_path, monkeypatch):
     """Async dispatch is bounded, so Ctrl-C is seen within a couple of steps, not `log_every`."""
     big = jnp.ones((1024, 1024), jnp.float32) / 1024.0
@@ -122,6 +126,7 @@ def test_python_stays_at_most_two_steps_ahead_of_the_device(tmp_path, monkeypatc
     assert len(unfinished) == 10 and max(unfinished) <= loop.MAX_STEPS_AHEAD
 
 
+@pytest.mark.slow
 def test_crash_while_logging_saves_the_state(tmp_path, monkeypatch):
     """A failure right after a metrics fetch (nothing pending) still saves the intact state."""
 
@@ -134,6 +139,7 @@ def test_crash_while_logging_saves_the_state(tmp_path, monkeypatch):
     assert Checkpointer(checkpoint_dir(tmp_path)).latest_step() == 2
 
 
+@pytest.mark.slow
 def test_crash_saves_the_last_finite_state(tmp_path, monkeypatch):
     real_batches = loop.data_lib.train_batches
 
@@ -150,6 +156,7 @@ def test_crash_saves_the_last_finite_state(tmp_path, monkeypatch):
     assert Checkpointer(checkpoint_dir(tmp_path)).latest_step() == 3
 
 
+@pytest.mark.slow
 def test_kid_monitor_logs_kid_and_keeps_the_best_checkpoint(tmp_path):
     """KID during training, with a small *random* feature network injected in place of InceptionV3
     (the real monitor refuses to run without the InceptionV3 weights)."""
@@ -172,6 +179,7 @@ def test_kid_monitor_logs_kid_and_keeps_the_best_checkpoint(tmp_path):
     assert ddim.load(tmp_path / "best").step == step
 
 
+@pytest.mark.slow
 def test_kid_monitor_without_weights_warns_and_trains_on(tmp_path, monkeypatch):
     monkeypatch.setenv("DDIM_INCEPTION_WEIGHTS", str(tmp_path / "missing.h5"))
     messages = []

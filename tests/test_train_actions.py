@@ -1,0 +1,69 @@
+"""The periodic actions' interface (ddim/train/actions.py): triggers, the metrics buffer, the best checkpoint."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from ddim.checkpoint import Checkpointer
+from ddim.train import actions
+from ddim.train import state as state_lib
+from tests.conftest import tiny_config
+
+
+def _info(step, total=20, per_epoch=8, stopping=False):
+    return actions.StepInfo(step, total, per_epoch, state=None, stopping=stopping)
+
+
+def test_every_fires_on_steps_epochs_the_end_and_a_stop():
+    every = actions.Every(steps=3, epochs=2, at_end=True, on_stop=False)
+    fired = [s for s in range(1, 21) if every(_info(s))]
+    # Steps 3, 6, ...; epoch ends 16 (epoch 2; 8 is epoch 1, odd); the last step 20.
+    assert fired == [3, 6, 9, 12, 15, 16, 18, 20]
+    assert not actions.Every(at_end=False)(_info(20))
+    assert actions.Every(on_stop=True, at_end=False)(_info(5, stopping=True))
+    assert [s for s in range(1, 21) if actions.Every()(_info(s))] == [20]
+
+
+def test_metrics_buffer_fetches_averages_and_refuses_non_finite_losses():
+    buffer = actions.MetricsBuffer()
+    for loss in (1.0, 2.0, 3.0):
+        buffer.append({"noise_loss": np.float32(loss)})
+    buffer.fetch(3)
+    assert buffer.pending == [] and len(buffer.fetched) == 3
+    buffer.append({"noise_loss": np.float32(5.0)})
+    assert buffer.take_mean(4) == {"noise_loss": pytest.approx(2.75)}
+    assert buffer.take_mean(4) == {} and buffer.last_mean == {"noise_loss": pytest.approx(2.75)}
+    buffer.append({"noise_loss": np.float32(1.0)})
+    buffer.append({"noise_loss": np.float32(np.nan)})
+    with pytest.raises(actions.TrainingError, match="non-finite loss at step 6"):
+        buffer.fetch(6)
+
+
+def test_kid_monitor_compares_with_the_best_saved_kid_and_with_a_legacy_best_json(tmp_path):
+    """``best/`` written by orbax with the metric, and by earlier versions (no metric, best.json)."""
+    config = tiny_config("train.kid_images=8")
+    state_dict = state_lib.state_to_dict(state_lib.create_train_state(config, jax.random.key(0)))
+    fresh = actions.KidMonitor(config, tmp_path / "fresh", model=None, extractor=None, real_features=None)
+    assert fresh.best == float("inf")
+    fresh.finish(None, None)
+
+    best = Checkpointer(tmp_path / "new" / "best", keep=1, best_metric="kid")
+    for step, kid in ((4, 0.5), (8, 0.25)):
+        best.save(step, state_dict, config, metrics={"kid": kid})
+    best.close()
+    monitor = actions.KidMonitor(config, tmp_path / "new", model=None, extractor=None, real_features=None)
+    assert monitor.best == 0.25 and monitor.best_checkpoints.all_steps() == [8]
+    monitor.finish(None, None)
+
+    legacy = Checkpointer(tmp_path / "old" / "best", keep=1)
+    legacy.save(6, state_dict, config)
+    legacy.close()
+    (tmp_path / "old" / "best" / "best.json").write_text(json.dumps({"kid": 0.125, "step": 6}))
+    monitor = actions.KidMonitor(config, tmp_path / "old", model=None, extractor=None, real_features=None)
+    assert monitor.best == 0.125
+    monitor.finish(None, None)
+    import ddim
+
+    assert ddim.load(tmp_path / "old" / "best").step == 6
