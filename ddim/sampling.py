@@ -126,11 +126,7 @@ def load(path: str | Path, step: int | None = None) -> Pipeline:
     model = DiffusionModel(config.model)
     expected = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
     expected_shapes = jax.tree.map(lambda x: x.shape, expected)
-    try:
-        actual_shapes = jax.tree.map(lambda x: x.shape, variables)
-    except Exception:  # pragma: no cover - tree walk of foreign data
-        actual_shapes = None
-    if actual_shapes != expected_shapes:
+    if jax.tree.map(lambda x: x.shape, variables) != expected_shapes:
         raise CheckpointError(
             f"checkpoint {checkpointer.directory / str(step)} does not match its config "
             f"({config.name}: widths {config.model.widths}, image size {config.model.image_size})"
