@@ -290,6 +290,11 @@ def _path(name: str) -> tuple[tuple[str, ...], str]:
 
 def expected_shapes() -> dict[str, tuple[int, ...]]:
     """The canonical weight names and their (PyTorch-layout) shapes, from the Flax module itself."""
+    return dict(_expected_shapes())
+
+
+@functools.lru_cache(maxsize=1)
+def _expected_shapes() -> tuple[tuple[str, tuple[int, ...]], ...]:
     import jax
     import jax.numpy as jnp
 
@@ -306,7 +311,7 @@ def expected_shapes() -> dict[str, tuple[int, ...]]:
         else:
             for suffix in ("beta", "mean", "var"):
                 out[f"{prefix}.{suffix}"] = leaf.shape
-    return out
+    return tuple(out.items())
 
 
 def check_weights(weights: dict[str, np.ndarray], origin: str) -> None:
@@ -349,8 +354,8 @@ def flax_variables(weights: dict[str, np.ndarray]) -> dict[str, Any]:
 class FIDInceptionExtractor(FeatureExtractor):
     """The standard FID Inception as a :class:`FeatureExtractor`: jitted, batched, sharded over the devices.
 
-    Each chunk of at most ``batch_size`` images is padded to ``batch_size``
-    (rounded up to the device count: one compilation per input size), split
+    Each chunk of at most ``batch_size`` images is padded to a power of two
+    (rounded up to the device count: few compilations per input size), split
     along the mesh's ``data`` axis like sampling, and resized, scaled and
     featurised in one compiled function. ``weights`` are canonical arrays
     (:func:`ddim.evaluation.fid_weights.load_converted`); ``digest`` their sha256.
@@ -395,7 +400,12 @@ class FIDInceptionExtractor(FeatureExtractor):
         from ddim import parallel
 
         count = len(images)
-        padded = np.zeros((self.batch_size, *images.shape[1:]), np.uint8)
+        # Pad to a power of two (at most batch_size), a multiple of the device count: few compiled
+        # shapes, little wasted work on a short last chunk.
+        devices = self.mesh.devices.size
+        size = min(self.batch_size, 1 << max(count - 1, 0).bit_length())
+        size = -(-size // devices) * devices
+        padded = np.zeros((size, *images.shape[1:]), np.uint8)
         padded[:count] = images
         batch = jax.make_array_from_callback(padded.shape, self._sharding, lambda index: padded[index])
         return np.asarray(parallel.to_host(self._features(self.variables, batch)))[:count]

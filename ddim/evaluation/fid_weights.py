@@ -89,8 +89,7 @@ def how_to_get() -> str:
 class _TorchScriptObject:
     """A TorchScript module or object from the pickle: its attributes as a plain dict, no behaviour."""
 
-    def __init__(self, *args):
-        self.state: Any = None
+    state: Any = None
 
     def __setstate__(self, state):
         self.state = state
@@ -120,7 +119,11 @@ class _StorageType:
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride, *unused) -> np.ndarray:
-    """``torch._utils._rebuild_tensor_v2``: a view of ``storage`` (a 1-D array), copied out."""
+    """``torch._utils._rebuild_tensor_v2``: a read-only view of ``storage`` (a 1-D array).
+
+    A view, because the legacy format's storages are only filled after the
+    pickle is read; :func:`read_torch_file` copies every array out at the end.
+    """
     size, stride = tuple(size), tuple(stride)
     needed = storage_offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
     if needed > storage.size:
@@ -128,10 +131,23 @@ def _rebuild_tensor(storage, storage_offset, size, stride, *unused) -> np.ndarra
     if not all(size):
         return np.zeros(size, storage.dtype)
     item = storage.itemsize
-    view = np.lib.stride_tricks.as_strided(
+    return np.lib.stride_tricks.as_strided(
         storage[storage_offset:], shape=size, strides=tuple(s * item for s in stride), writeable=False
     )
-    return np.array(view)
+
+
+def _copied(tree: Any) -> Any:
+    """``tree`` with every array copied out of its storage (contiguous, writable)."""
+    if isinstance(tree, np.ndarray):
+        return np.array(tree, order="C")
+    if isinstance(tree, _TorchScriptObject):
+        tree.state = _copied(tree.state)
+        return tree
+    if isinstance(tree, dict):
+        return type(tree)((key, _copied(value)) for key, value in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(value) for value in tree)
+    return tree
 
 
 def _rebuild_parameter(data, requires_grad=None, backward_hooks=None, *unused):
@@ -269,9 +285,9 @@ def read_torch_file(path: str | os.PathLike, member: str | None = None) -> Any:
         if zipfile.is_zipfile(source):
             source.seek(0)
             with zipfile.ZipFile(source) as archive:
-                return _read_zip_format(archive)
+                return _copied(_read_zip_format(archive))
         source.seek(0)
-        return _read_legacy_format(source)
+        return _copied(_read_legacy_format(source))
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
