@@ -125,7 +125,7 @@ def random_weights(seed: int = 0) -> dict[str, np.ndarray]:
     for name, shape in fid_inception.expected_shapes().items():
         if name.endswith(".weight"):
             fan_in = int(np.prod(shape[1:]))
-            weights[name] = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+            weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in))
         elif name.endswith(".var"):
             weights[name] = np.ones(shape, np.float32)
         else:

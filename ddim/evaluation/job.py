@@ -193,9 +193,10 @@ def evaluate_checkpoint(
             progress.update(done, "")
 
     try:
-        gen_kid, gen_stats = generated_features(
-            generate, num, batch_size, seed, kid_extractor, fid_extractor, on_batch
-        )
+        # With reference statistics the generated FID features are kept too: FID then needs no d x d
+        # eigendecomposition when there are fewer images than dimensions.
+        keep = kid_extractor if kid_extractor is not None or reference_stats is None else fid_extractor
+        gen_features, gen_stats = generated_features(generate, num, batch_size, seed, keep, fid_extractor, on_batch)
     finally:
         if progress is not None:
             progress.close()
@@ -203,8 +204,8 @@ def evaluate_checkpoint(
 
     kid_mean = kid_std = subset_size = None
     if kid_extractor is not None:
-        subset_size = min(kid_subset_size, len(real_kid), len(gen_kid))
-        kid_mean, kid_std = metrics.kid(real_kid, gen_kid, kid_subsets, subset_size, rng=seed % 2**32)
+        subset_size = min(kid_subset_size, len(real_kid), len(gen_features))
+        kid_mean, kid_std = metrics.kid(real_kid, gen_features, kid_subsets, subset_size, rng=seed % 2**32)
     if reference_stats is None:
         fid = metrics.fid_from_features_and_stats(real_fid, *gen_stats)
     else:
@@ -213,7 +214,7 @@ def evaluate_checkpoint(
                 f"{real_stats} holds {reference_stats['mu'].size}-d statistics, but the {fid_net} network "
                 f"gives {gen_stats[0].size}-d features"
             )
-        fid = metrics.fid_from_stats(reference_stats["mu"], reference_stats["sigma"], *gen_stats)
+        fid = metrics.fid_from_features_and_stats(gen_features, reference_stats["mu"], reference_stats["sigma"])
 
     record: dict[str, Any] = {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
