@@ -149,7 +149,7 @@ def test_eval_without_weights_fails_with_one_clear_line(smoke_workdir, no_weight
 
 def test_eval_with_a_missing_weights_path_fails_with_one_line(smoke_workdir, tmp_path, no_weights_anywhere):
     result = run_cli(
-        "--workdir", str(smoke_workdir), "--inception-weights", str(tmp_path / "nope.h5"), "--kid-net", "keras"
+        "--workdir", str(smoke_workdir), "--inception-weights", str(tmp_path / "nope.h5"), "--fid-net", "keras"
     )
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1 and "nope.h5" in result.stderr

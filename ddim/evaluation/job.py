@@ -132,7 +132,7 @@ def evaluate_checkpoint(
     _check_settings(num, steps, eta, batch_size, real_num, split, kid_subsets, kid_subset_size, fid_net, kid_net)
     reference_stats = load_real_stats(real_stats) if real_stats is not None else None
     factories: dict[str, FeatureFactory] = {}
-    for net in {fid_net, kid_net}:
+    for net in dict.fromkeys((fid_net, kid_net)):  # in order: a missing file is reported for --fid-net first
         if feature_extractor_factory is not None:
             factories[net] = feature_extractor_factory
         elif net == "standard":
