@@ -259,7 +259,7 @@ def test_eval_cli_end_to_end_writes_a_json_line_and_caches_real_features(
     assert {size for size, _ in random_inception} == {75, 299}
     assert all(path == weights for _, path in random_inception)
     assert "not the official Keras" in result.stderr  # the stand-in file's md5 is not Keras'
-    for text in ("KID (Keras InceptionV3, 75px)", "FID (Keras InceptionV3, 299px)", "checkpoint",
+    for text in ("KID (Keras, 75px)", "FID (Keras, 299px)", "checkpoint",
                  str(smoke_workdir / evaluation.EVAL_FILE)):
         assert text in result.stdout
 
@@ -391,7 +391,7 @@ def test_eval_defaults_to_the_standard_network_caches_statistics_and_takes_real_
         result = run_cli(*args)
     assert result.exit_code == 0, result.output
     assert "not the standard" in result.stderr  # random weights: their digest is not the published one
-    for text in ("KID (FID Inception pool3, 299px)", "FID (FID Inception pool3, 299px)", digest[:16]):
+    for text in ("KID (pool3, 299px)", "FID (pool3, 299px)", digest[:16]):
         assert text in result.stdout
     record = eval_lines(smoke_workdir)[-1]
     assert (record["fid_net"], record["kid_net"], record["fid_weights_sha256"]) == ("standard", "standard", digest)

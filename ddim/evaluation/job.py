@@ -248,7 +248,7 @@ def evaluate_checkpoint(
     return {**record, "eval_file": str(eval_file)}
 
 
-_NETWORK_LABELS = {"standard": "FID Inception pool3", "keras": "Keras InceptionV3"}
+_NETWORK_LABELS = {"standard": "pool3", "keras": "Keras"}
 
 
 def format_table(result: dict[str, Any]) -> str:
