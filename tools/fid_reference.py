@@ -17,6 +17,10 @@ Two commands:
         FID between --num Flowers training images and --num validation images, from both networks' features,
         and the largest feature difference; prints one JSON object.
 
+    python tools/fid_reference.py fixtures
+        The small PyTorch files the reader's tests use: tests/data/torch_state_{zip,legacy}.pt (one state dict
+        in PyTorch's two formats, with a strided view of a shared storage) and tests/data/torchscript_tiny.pt.
+
     python tools/fid_reference.py pytorch-fid [--keys tests/data/pytorch_fid_keys.txt]
         (needs torchvision and `pip install --no-deps pytorch-fid` too) Builds pytorch-fid's FID InceptionV3,
         loads it with fid-helper's weights through ddim's name mapping (strictly: every key must be mapped), checks
@@ -201,6 +205,30 @@ def pytorch_fid_check(args) -> None:
     print(json.dumps(result, indent=1))
 
 
+def fixtures(args) -> None:
+    import torch
+
+    data = REPO / "tests" / "data"
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+    state = {"a": base, "b": base.t()[1:4, ::2], "c": torch.tensor([1, -2, 3], dtype=torch.int64),
+             "d": torch.zeros(0, 3)}
+    torch.save(state, data / "torch_state_zip.pt")
+    torch.save(state, data / "torch_state_legacy.pt", _use_new_zipfile_serialization=False)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 1, bias=False))
+            self.register_buffer("mean", torch.tensor([0.5, 1.5, 2.5]))
+
+        def forward(self, x):
+            return self.layers(x) - self.mean[None, :, None, None]
+
+    torch.manual_seed(0)
+    torch.jit.save(torch.jit.script(Tiny()), str(data / "torchscript_tiny.pt"))
+    print(f"wrote {data}/torch_state_zip.pt, torch_state_legacy.pt, torchscript_tiny.pt (torch {torch.__version__})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -212,9 +240,10 @@ def main() -> None:
     check.add_argument("--config", type=Path, default=REPO / "configs" / "flowers64.toml")
     check_pytorch_fid = commands.add_parser("pytorch-fid")
     check_pytorch_fid.add_argument("--keys", type=Path, default=REPO / "tests" / "data" / "pytorch_fid_keys.txt")
+    commands.add_parser("fixtures")
     args = parser.parse_args()
     args.out = args.out.resolve() if hasattr(args, "out") else None
-    {"golden": golden, "compare": compare, "pytorch-fid": pytorch_fid_check}[args.command](args)
+    {"golden": golden, "compare": compare, "pytorch-fid": pytorch_fid_check, "fixtures": fixtures}[args.command](args)
 
 
 if __name__ == "__main__":
