@@ -148,7 +148,12 @@ def evaluate_checkpoint(
     pipe = load(source)
     workdir = Path(workdir) if workdir is not None else workdir_of(pipe.path)
     cache_dir = _prepare_workdir(workdir)
-    log(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})")
+    import jax
+
+    log(
+        f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name}); "
+        f"{jax.device_count()} {jax.default_backend()} device(s)"
+    )
 
     built: dict[tuple[str, int], Any] = {}
 
