@@ -8,7 +8,6 @@ on small PyTorch files made once by PyTorch (``tests/data/torch_*.pt``) or on ra
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import zipfile
