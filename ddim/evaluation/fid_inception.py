@@ -73,6 +73,7 @@ def _block_specs() -> list[tuple[str, str, dict[str, Any]]]:
     ]
 
 
+@functools.cache
 def _modules():
     """The Flax modules, built on first use so that importing this file does not import JAX."""
     import flax.linen as nn
