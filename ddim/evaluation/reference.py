@@ -137,9 +137,8 @@ def real_features(
         for ex in extractors
     ]
     results: list[np.ndarray | None] = [_load_cached(p) if p is not None else None for p in paths]
-    for path, result in zip(paths, results):
-        if result is not None:
-            log(f"real features: {len(result)} images from the cache {path}")
+    for path in dict.fromkeys(p for p, result in zip(paths, results) if result is not None):
+        log(f"real features: {len(results[paths.index(path)])} images from the cache {path}")
     if all(r is not None for r in results):
         return results  # type: ignore[return-value]
 
