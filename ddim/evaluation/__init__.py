@@ -1,13 +1,15 @@
 """Sample quality: feature networks, KID/FID maths, real and generated features, the eval job.
 
 - :mod:`~ddim.evaluation.features`: the :class:`FeatureExtractor` interface every network implements.
+- :mod:`~ddim.evaluation.fid_inception`: the standard FID Inception (2015-12-05 TF graph, pool3) in Flax.
+- :mod:`~ddim.evaluation.fid_weights`: its weights: found, read without PyTorch, converted once, checked.
 - :mod:`~ddim.evaluation.keras_inception`: Keras' InceptionV3 (weights file, network, preprocessing).
 - :mod:`~ddim.evaluation.metrics`: KID and FID on feature vectors (numpy only).
 - :mod:`~ddim.evaluation.reference`: the real images and the cache of their features.
 - :mod:`~ddim.evaluation.generated`: features of generated images, and the cheap KID of training.
 - :mod:`~ddim.evaluation.job`: ``evaluate_checkpoint`` (``ddim eval``), its record and table.
 
-TensorFlow loads only when a Keras network is built.
+TensorFlow loads only when a Keras network is built; JAX only when the FID Inception is.
 """
 
 from ddim.evaluation.features import (
@@ -18,7 +20,7 @@ from ddim.evaluation.features import (
     FeatureFactory,
 )
 from ddim.evaluation.generated import batch_seed, cheap_kid, generated_features
-from ddim.evaluation.job import EVAL_FILE, append_record, evaluate_checkpoint, format_table, workdir_of
+from ddim.evaluation.job import EVAL_FILE, NETWORKS, append_record, evaluate_checkpoint, format_table, workdir_of
 from ddim.evaluation.keras_inception import (
     WEIGHTS_ENV,
     WEIGHTS_FILE,
@@ -31,7 +33,15 @@ from ddim.evaluation.keras_inception import (
     resolve_weights,
     tf_keras,
 )
-from ddim.evaluation.reference import CACHE_DIR, SPLITS, real_cache_key, real_features, select_real, split_expression
+from ddim.evaluation.reference import (
+    CACHE_DIR,
+    SPLITS,
+    load_real_stats,
+    real_cache_key,
+    real_features,
+    select_real,
+    split_expression,
+)
 
 __all__ = [
     "CACHE_DIR",
@@ -42,6 +52,7 @@ __all__ = [
     "FeatureFactory",
     "KID_IMAGE_SIZE",
     "KerasFeatureExtractor",
+    "NETWORKS",
     "SPLITS",
     "WEIGHTS_ENV",
     "WEIGHTS_FILE",
@@ -56,6 +67,7 @@ __all__ = [
     "generated_features",
     "inception_factory",
     "kid_feature_extractor",
+    "load_real_stats",
     "real_cache_key",
     "real_features",
     "resolve_weights",

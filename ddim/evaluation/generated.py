@@ -28,27 +28,30 @@ def generated_features(
     num: int,
     batch_size: int,
     seed: int,
-    kid_extractor: FeatureExtractor,
+    kid_extractor: FeatureExtractor | None,
     fid_extractor: FeatureExtractor | None = None,
     on_batch: Callable[[int], None] | None = None,
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
     """Generate ``num`` images batch by batch and keep only their features.
 
     ``generate(count, seed) -> uint8 images``. Returns the KID features
-    ``(num, D)`` and the FID mean and covariance (None without
-    ``fid_extractor``), accumulated with :class:`ddim.metrics.RunningStats`.
+    ``(num, D)`` (None without ``kid_extractor``) and the FID mean and
+    covariance (None without ``fid_extractor``), accumulated with
+    :class:`ddim.metrics.RunningStats`. When both are the same extractor each
+    image is featurised once.
     """
     kid_features = None  # preallocated once the feature size is known: no copies at the end
     running = metrics.RunningStats() if fid_extractor is not None else None
     for index, start in enumerate(range(0, num, batch_size)):
         count = min(batch_size, num - start)
         images = generate(count, batch_seed(seed, index))
-        features = kid_extractor(images)
-        if kid_features is None:
-            kid_features = np.empty((num, features.shape[1]), np.float32)
-        kid_features[start : start + count] = features
+        features = kid_extractor(images) if kid_extractor is not None else None
+        if features is not None:
+            if kid_features is None:
+                kid_features = np.empty((num, features.shape[1]), np.float32)
+            kid_features[start : start + count] = features
         if running is not None:
-            running.update(fid_extractor(images))
+            running.update(features if fid_extractor is kid_extractor else fid_extractor(images))
         del images
         if on_batch is not None:
             on_batch(start + count)

@@ -69,9 +69,47 @@ def _load_cached(path: Path) -> np.ndarray | None:
 
 
 def _save_cached(path: Path, features: np.ndarray, meta: dict[str, Any]) -> None:
+    """Features and their statistics (``mu``, ``sigma``: pytorch-fid's format, so ``--real-stats`` reads it)."""
+    from ddim.evaluation.metrics import feature_stats
+
+    mu, sigma = feature_stats(features)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, features=features, meta=np.array(json.dumps(meta)))
+    np.savez(tmp, features=features, mu=mu, sigma=sigma, meta=np.array(json.dumps(meta)))
     os.replace(tmp, path)
+
+
+def load_real_stats(path: str | os.PathLike) -> dict[str, Any]:
+    """Reference statistics from an ``.npz`` in pytorch-fid's format: ``mu`` (D,) and ``sigma`` (D, D).
+
+    Returns ``{"mu", "sigma", "features", "network"}``; ``features`` is None
+    unless the file also holds them (ddim's own cache files do, with the
+    identity of their ``network``), as KID needs them. Read
+    with ``allow_pickle=False``; any problem is one :class:`EvaluationError`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"reference statistics file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "mu" not in data.files or "sigma" not in data.files:
+                raise EvaluationError(
+                    f"{path} has no 'mu' and 'sigma' arrays (found {', '.join(data.files) or 'nothing'}); "
+                    "expected pytorch-fid's statistics format"
+                )
+            mu, sigma = np.asarray(data["mu"], np.float64), np.asarray(data["sigma"], np.float64)
+            features = np.asarray(data["features"], np.float32) if "features" in data.files else None
+            network = json.loads(str(data["meta"])).get("network") if "meta" in data.files else None
+    except EvaluationError:
+        raise
+    except Exception as error:  # not an npz, truncated, pickled objects, ...
+        raise EvaluationError(f"cannot read reference statistics {path}: {str(error).splitlines()[0]}") from None
+    if mu.ndim != 1 or sigma.shape != (mu.size, mu.size):
+        raise EvaluationError(f"{path}: mu has shape {mu.shape} and sigma {sigma.shape}; expected (D,) and (D, D)")
+    if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(sigma))):
+        raise EvaluationError(f"{path}: mu or sigma is not finite")
+    if features is not None and (features.ndim != 2 or features.shape[1] != mu.size or len(features) < 2):
+        features = None
+    return {"mu": mu, "sigma": sigma, "features": features, "network": network}
 
 
 def real_features(
@@ -99,9 +137,8 @@ def real_features(
         for ex in extractors
     ]
     results: list[np.ndarray | None] = [_load_cached(p) if p is not None else None for p in paths]
-    for path, result in zip(paths, results):
-        if result is not None:
-            log(f"real features: {len(result)} images from the cache {path}")
+    for path in dict.fromkeys(p for p, result in zip(paths, results) if result is not None):
+        log(f"real features: {len(results[paths.index(path)])} images from the cache {path}")
     if all(r is not None for r in results):
         return results  # type: ignore[return-value]
 
@@ -115,6 +152,10 @@ def real_features(
         raise EvaluationError(f"split {split!r} ({expression}) has {len(images)} image(s); need at least 2")
     for index, (extractor, path) in enumerate(zip(extractors, paths)):
         if results[index] is not None:
+            continue
+        same = [j for j in range(index) if extractors[j].identity == extractor.identity]
+        if same:  # one network used twice (e.g. KID and FID on the same features)
+            results[index] = results[same[0]]
             continue
         started = time.perf_counter()
         features = extract_with_progress(extractor, images, f"real {extractor.image_size}px", show_progress)

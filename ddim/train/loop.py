@@ -148,7 +148,8 @@ class TrainingRun:
         writer = SummaryWriter(workdir / "tensorboard") if is_writer and start_step < total_steps else None
         say(
             f"{config.name}: {len(train_images)} training images, {steps_per_epoch} steps/epoch, {total_steps} steps, "
-            f"batch {t.batch_size}, workdir {workdir}" + (f"; resuming from step {start_step}" if latest is not None else "")
+            f"batch {t.batch_size}, {mesh.devices.size} {jax.default_backend()} device(s), workdir {workdir}"
+            + (f"; resuming from step {start_step}" if latest is not None else "")
         )
         return cls(
             config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
