@@ -22,7 +22,6 @@ TINY = [
     "model.block_depth=1",
     "model.embedding_dims=8",
     "data.dataset_repetitions=1",
-    "data.shuffle_buffer=16",
     "train.batch_size=8",
     "train.log_every=2",
     "train.checkpoint_every=4",

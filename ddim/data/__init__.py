@@ -164,12 +164,31 @@ def previous_fingerprint(workdir: str | os.PathLike) -> str | None:
 
 
 def cache_root(config: Config, workdir: str | os.PathLike | None = None) -> Path:
-    """``data.cache_dir``, else ``<workdir>/data_cache``, else ``~/.cache/ddim/data``."""
+    """``data.cache_dir``, else ``<workdir>/data_cache``, else ``$DDIM_DATA_CACHE`` or ``~/.cache/ddim/data``."""
     if config.data.cache_dir:
         return Path(config.data.cache_dir).expanduser()
     if workdir is not None:
         return Path(workdir) / DEFAULT_CACHE_DIRNAME
+    if os.environ.get("DDIM_DATA_CACHE"):
+        return Path(os.environ["DDIM_DATA_CACHE"]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ddim" / "data"
+
+
+def _decode_settings(config: Config):
+    from ddim.data import folder
+
+    return folder.DecodeSettings(config.model.image_size, min_image_size(config), config.data.max_image_pixels)
+
+
+def split_fingerprint(config: Config, split: str) -> str | None:
+    """For an image folder, a hash that changes with its files, the split and the preprocessing
+    (a scan, nothing decoded); None for TFDS, whose splits are fixed by name and version."""
+    if not config.data.image_dir:
+        return None
+    from ddim.data import folder
+
+    scan = folder.scan_folder(Path(config.data.image_dir).expanduser())
+    return f"{folder.fingerprint(scan, _decode_settings(config))}-{config.data.val_fraction!r}-{split}"
 
 
 def min_image_size(config: Config) -> int:
@@ -216,7 +235,7 @@ def _load_folder(config: Config, root: Path, log, progress) -> Data:
 
     if config.model.channels != 3:
         raise DataError(f"image folders give RGB images; model.channels must be 3, not {config.model.channels}")
-    settings = folder.DecodeSettings(config.model.image_size, min_image_size(config), config.data.max_image_pixels)
+    settings = _decode_settings(config)
     image_dir = Path(config.data.image_dir).expanduser()
     try:
         directory, index, built = folder.build_or_open(image_dir, settings, root, config.data.workers, log,
@@ -236,7 +255,7 @@ def _load_folder(config: Config, root: Path, log, progress) -> Data:
         log(f"warning: skipped {image_dir / item['path']}: {folder.reason_text(item['reason'])}"
             + (f" ({item['detail']})" if item.get("detail") else ""))
     if len(skipped) > MAX_WARNINGS and built:
-        log(f"warning: ... and {len(skipped) - MAX_WARNINGS} more skipped files, listed in {REPORT_FILE}")
+        log(f"warning: ... and {len(skipped) - MAX_WARNINGS} more skipped files (all are listed in the JSON report)")
     return Data(
         kind="folder",
         name=str(image_dir),
