@@ -10,6 +10,11 @@ import pytest
 
 # Before JAX starts: no persistent compilation cache writes from tests into the user's home.
 os.environ.setdefault("DDIM_COMPILATION_CACHE", "off")
+# Data caches of calls without a work directory go to a temporary directory, not the user's home.
+if "DDIM_DATA_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["DDIM_DATA_CACHE"] = tempfile.mkdtemp(prefix="ddim-test-data-cache-")
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
