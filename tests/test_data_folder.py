@@ -274,3 +274,62 @@ def test_folder_and_tfds_give_the_same_pixels_for_the_same_images(tmp_path):
     folder_data = data.load(folder_config(root, "model.image_size=16", "data.val_fraction=0", "data.min_image_size=1"),
                             tmp_path / "folder", log=quiet(), show_progress=False)
     np.testing.assert_array_equal(np.asarray(folder_data.train), np.asarray(tfds_data.train))
+
+
+@pytest.mark.slow
+def test_training_on_a_folder_resumes_bit_exactly_and_warns_when_the_folder_changed(tmp_path):
+    import jax
+
+    from ddim.checkpoint import Checkpointer, checkpoint_dir
+    from ddim.train import loop
+
+    root = tmp_path / "photos"
+    write_plain_folder(root, 48, classes=("a", "b"))
+    (root / "broken.jpg").write_bytes(b"")
+
+    def run(workdir, max_steps, messages=None):
+        config = folder_config(root, f"train.max_steps={max_steps}", "train.eval_every=0")
+        return loop.train(config, tmp_path / workdir, log=quiet(messages))
+
+    messages = []
+    straight = run("straight", 7, messages)
+    run("resumed", 3)
+    resumed = run("resumed", 7)
+    assert resumed.start_step == 3 and straight.last_metrics == resumed.last_metrics
+
+    def params(workdir):
+        checkpointer = Checkpointer(checkpoint_dir(tmp_path / workdir))
+        state = checkpointer.restore_state(7)
+        checkpointer.close()
+        return state
+
+    jax.tree.map(np.testing.assert_array_equal, params("straight"), params("resumed"))
+    # The start-of-training line, the skipped file in the work directory's report.
+    line = next(m for m in messages if m.startswith("data: "))
+    assert f"data: folder {root}, " in line and "1 skipped" in line and "global batch 8" in line
+    assert "devices: 1 cpu, mesh (1,)" in line
+    report = json.loads((tmp_path / "straight" / data.REPORT_FILE).read_text())
+    assert report["skipped"] == [{"path": "broken.jpg", "reason": "empty", "detail": ""}]
+
+    # Files added before a resume: a warning, not a crash.
+    write_plain_folder(root, 4, start=48)
+    changed = []
+    result = run("resumed", 9, changed)
+    assert result.final_step == 9
+    assert any(m.startswith("warning: the data changed since this run last trained") for m in changed), changed
+
+
+@pytest.mark.slow
+def test_two_forced_cpu_devices_train_on_a_folder(tmp_path):
+    """Two devices in one process: each global batch is read once and split over the mesh."""
+    from tests.test_parallel import run_worker
+
+    root = tmp_path / "photos"
+    write_plain_folder(root, 40)
+    overrides = [f"data.image_dir={json.dumps(str(root))}"]
+    two = run_worker("train", {"workdir": str(tmp_path / "two"), "max_steps": 3, "overrides": overrides}, devices=2)
+    assert (two["devices"], two["start"], two["final"]) == (2, 0, 3)
+    assert all(np.isfinite(value) for value in two["metrics"].values())
+    (entry,) = (tmp_path / "two" / "data_cache").iterdir()
+    assert entry.name.startswith("folder-photos-")
+    # (1 and N devices train the same function: tests/test_parallel.py.)
