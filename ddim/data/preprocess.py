@@ -71,11 +71,14 @@ def resize_spans(input_size: int, output_size: int) -> tuple[np.ndarray, np.ndar
 def _gather_axis0(image: np.ndarray, starts: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """``out[i] = sum_k weights[i, k] * image[starts[i] + k]`` in float32, summed in order of ``k``."""
     out = np.zeros((len(starts), *image.shape[1:]), np.float32)
+    term = np.empty_like(out)
     last = image.shape[0] - 1
     for k in range(weights.shape[1]):
         # Past a span's end the weight is 0 and TensorFlow skips the term; adding 0 * x changes nothing.
         rows = np.minimum(starts + k, last)
-        out += weights[:, k, None, None] * image[rows]
+        # uint8 (or float32) times float32 is a float32 product, as static_cast<float>(in) * w in C++.
+        np.multiply(weights[:, k, None, None], image[rows], out=term)
+        out += term
     return out
 
 
@@ -86,10 +89,9 @@ def resize_antialiased(image: np.ndarray, height: int, width: int) -> np.ndarray
     """
     image = np.asarray(image)
     in_height, in_width = image.shape[:2]
-    pixels = image.astype(np.float32)
     row_starts, row_weights = resize_spans(in_height, height)
     col_starts, col_weights = resize_spans(in_width, width)
-    rows_done = _gather_axis0(pixels, row_starts, row_weights)  # (height, in_width, C): rows first
+    rows_done = _gather_axis0(image, row_starts, row_weights)  # (height, in_width, C): rows first
     return _gather_axis0(rows_done.transpose(1, 0, 2), col_starts, col_weights).transpose(1, 0, 2)
 
 
