@@ -96,6 +96,15 @@ def test_no_usable_image_and_missing_folder_are_clear_errors(tmp_path):
         data.load(folder_config(tmp_path / "bad"), tmp_path / "run", log=quiet(), show_progress=False)
 
 
+def test_unusable_cache_directory_is_a_clear_error(tmp_path):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 3)
+    (tmp_path / "a-file").write_text("not a directory")
+    config = folder_config(root, f"data.cache_dir={json.dumps(str(tmp_path / 'a-file'))}")
+    with pytest.raises(data.DataError, match="cannot use the data cache in .*a-file"):
+        data.load(config, tmp_path / "run", log=quiet(), show_progress=False)
+
+
 def test_labels_are_first_level_subfolders(tmp_path):
     root = tmp_path / "photos"
     write_plain_folder(root, 12, classes=("cats", "dogs", "owls"))

@@ -215,10 +215,13 @@ def load(config: Config, workdir: str | os.PathLike | None = None, splits=("trai
     log = log or _stderr
     root = cache_root(config, workdir)
     progress = _progress_factory(show_progress)
-    if config.data.image_dir:
-        data = _load_folder(config, root, log, progress)
-    else:
-        data = _load_tfds(config, root, splits, log, progress)
+    try:
+        if config.data.image_dir:
+            data = _load_folder(config, root, log, progress)
+        else:
+            data = _load_tfds(config, root, splits, log, progress)
+    except OSError as error:  # an unwritable or full cache directory, a lock on read-only storage
+        raise DataError(f"cannot use the data cache in {root}: {error.strerror or error}") from None
     if check:
         problem = data.problem(config)
         if problem:
@@ -237,11 +240,7 @@ def _load_folder(config: Config, root: Path, log, progress) -> Data:
         raise DataError(f"image folders give RGB images; model.channels must be 3, not {config.model.channels}")
     settings = _decode_settings(config)
     image_dir = Path(config.data.image_dir).expanduser()
-    try:
-        directory, index, built = folder.build_or_open(image_dir, settings, root, config.data.workers, log,
-                                                       progress)
-    except OSError as error:
-        raise DataError(f"cannot use the data cache in {root}: {error.strerror or error}") from None
+    directory, index, built = folder.build_or_open(image_dir, settings, root, config.data.workers, log, progress)
     rows = _load_rows(directory, index)
     usable, score = rows["usable"], rows["score"]
     fraction = config.data.val_fraction
