@@ -112,7 +112,8 @@ class Data:
 
     def describe(self) -> str:
         """``folder photos/, 9,812 train / 2,453 val, 17 skipped`` for the start-of-training line."""
-        counts = f"{len(self.train or ()):,} train / {len(self.val or ()):,} val"
+        counts = " / ".join(f"{len(split):,} {name}" for name, split in (("train", self.train), ("val", self.val))
+                            if split is not None)
         skipped = f", {len(self.skipped):,} skipped" if self.kind == "folder" else ""
         return f"{self.kind} {self.name}, {counts}{skipped}"
 

@@ -14,9 +14,8 @@ keeps reading them. Builds take a lock file (:func:`entry_lock`), so the
 processes of one host, or of every host when the cache is on shared storage,
 build an entry once and the others wait for it and reuse it.
 
-Training reads rows with positional reads (:class:`ImageRows`), not through a
-memory map: mapped pages count towards the process's resident memory, read
-pages only towards the kernel's page cache, so the training process's RSS does
+Training reads rows from a memory map of the file (:class:`ImageRows`) and
+regularly releases the pages it touched, so the training process's RSS does
 not grow with the number of images however long it runs.
 """
 
@@ -159,14 +158,25 @@ def load_files(directory: Path, index: dict) -> list | None:
         return None
 
 
+# Mapped pages a reader may accumulate before it releases them (MADV_DONTNEED): bounds the training
+# process's resident memory whatever the size of the cache file.
+RELEASE_EVERY_BYTES = 32 * 2**20
+
+
 class ImageRows:
     """Random access to some rows of a cached image file, as a read-only array of uint8 images.
 
     ``len()``, ``shape``, ``dtype``, integer/slice/index-array indexing (each
-    read from disk into a fresh array) and ``np.asarray()`` (all rows) behave
-    like an ``(N, H, W, C)`` uint8 array. It is also the random-access data
-    source of the batch loader (:mod:`ddim.data.loader`). Reading uses
-    positional reads on one file descriptor per process, which threads can share.
+    copied into a fresh array) and ``np.asarray()`` (all rows) behave like an
+    ``(N, H, W, C)`` uint8 array. It is also the random-access data source of
+    the batch loader (:mod:`ddim.data.loader`).
+
+    Rows are copied out of a read-only memory map of the file (one per process;
+    threads share it). Pages a memory map touches count towards the process's
+    resident memory, so after every :data:`RELEASE_EVERY_BYTES` read the reader
+    tells the kernel it no longer needs them (``madvise(MADV_DONTNEED)``): they
+    stay in the page cache, shared and reclaimable, but the training process's
+    RSS stays flat however large the cache is and however long the run.
     """
 
     dtype = np.dtype(np.uint8)
@@ -180,8 +190,10 @@ class ImageRows:
         self.labels = None if labels is None else np.asarray(labels, dtype=np.int32)
         self.fingerprint = fingerprint
         self._row_bytes = int(np.prod(self.image_shape))
-        self._fd: int | None = None
+        self._mmap = None
+        self._array: np.ndarray | None = None
         self._pid = None
+        self._since_release = 0
 
     # -- array protocol ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -216,47 +228,53 @@ class ImageRows:
         return ImageRows(self.path, self.image_shape, self.rows[indices], labels, self.fingerprint)
 
     def __getstate__(self):
-        return {**self.__dict__, "_fd": None, "_pid": None}
+        return {**self.__dict__, "_mmap": None, "_array": None, "_pid": None, "_since_release": 0}
 
     # -- reading --------------------------------------------------------------------------------------------
-    def _descriptor(self) -> int:
-        if self._fd is None or self._pid != os.getpid():
-            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
-        return self._fd
+    def _mapped(self) -> np.ndarray:
+        if self._array is None or self._pid != os.getpid():
+            import mmap
+
+            with open(self.path, "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                if size < self._row_bytes:
+                    return np.empty((0, *self.image_shape), np.uint8)
+                self._mmap = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            rows = size // self._row_bytes
+            self._array = np.frombuffer(self._mmap, np.uint8, rows * self._row_bytes).reshape(rows, *self.image_shape)
+            self._pid = os.getpid()
+        return self._array
 
     def read(self, indices: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Images ``indices`` (positions in this view) as a new ``(k, H, W, C)`` uint8 array.
-
-        Rows are read in file order, consecutive rows with one read each.
-        """
+        """Images ``indices`` (positions in this view) as a new ``(k, H, W, C)`` uint8 array."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(indices) and (indices.min() < -len(self.rows) or indices.max() >= len(self.rows)):
             raise IndexError(f"image index out of range for {len(self.rows)} images")
         file_rows = self.rows[indices]
-        if out is None:
-            out = np.empty((len(indices), *self.image_shape), np.uint8)
-        flat = out.reshape(len(indices), self._row_bytes)
-        order = np.argsort(file_rows, kind="stable")
-        fd = self._descriptor()
-        position = 0
-        while position < len(order):
-            # A run of consecutive file rows whose destinations are consecutive too: one read.
-            end = position + 1
-            while (end < len(order) and file_rows[order[end]] == file_rows[order[end - 1]] + 1
-                   and order[end] == order[end - 1] + 1):
-                end += 1
-            first = order[position]
-            target = memoryview(flat[first : first + (end - position)]).cast("B")
-            done = os.preadv(fd, [target], int(file_rows[first]) * self._row_bytes)
-            if done != len(target):
-                raise OSError(f"short read from the data cache {self.path}: is it damaged? delete it to rebuild")
-            position = end
-        return out
+        array = self._mapped()
+        if len(file_rows) and file_rows.max() >= len(array):
+            raise OSError(f"the data cache {self.path} is shorter than its index: delete it to rebuild")
+        images = np.take(array, file_rows, axis=0, out=out)
+        self._since_release += len(file_rows) * self._row_bytes
+        if self._since_release >= RELEASE_EVERY_BYTES:
+            self.release()
+        return images
+
+    def release(self) -> None:
+        """Unmap the pages read so far from this process (they stay in the page cache)."""
+        import mmap
+
+        self._since_release = 0
+        if self._mmap is not None and self._pid == os.getpid() and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
+        mapping, self._array, self._mmap = self._mmap, None, None
+        if mapping is not None and self._pid == os.getpid():
+            try:
+                mapping.close()
+            except BufferError:  # an array still views it; it is unmapped when that goes
+                pass
 
     def __del__(self):
         try:
