@@ -342,3 +342,25 @@ def test_two_forced_cpu_devices_train_on_a_folder(tmp_path):
     (entry,) = (tmp_path / "two" / "data_cache").iterdir()
     assert entry.name.startswith("folder-photos-")
     # (1 and N devices train the same function: tests/test_parallel.py.)
+
+
+def test_eval_scores_against_an_image_folder(trained_workdir, tmp_path):
+    """`ddim eval --data PATH`: the real images are that folder's validation split, cached by its files."""
+    from ddim import evaluation
+    from tests.test_evaluation import tiny_extractor
+
+    root = tmp_path / "photos"
+    write_plain_folder(root, 40)
+    out = tmp_path / "eval"
+    out.mkdir()
+    kwargs = dict(num=8, steps=2, batch_size=4, feature_extractor_factory=tiny_extractor, workdir=out,
+                  kid_subsets=3, log=quiet(), show_progress=False, image_dir=root)
+    result = evaluation.evaluate_checkpoint(trained_workdir, **kwargs)
+    val = data.load(folder_config(root), out, log=quiet(), show_progress=False).val
+    assert result["real_num"] == len(val) and f"of {root} by path hash" in result["split_expression"]
+    assert (out / "data_cache").is_dir() and len(list((out / "eval_cache").glob("real_*.npz"))) == 2
+    # A changed folder is a different set of real images: new features, not the cached ones.
+    write_plain_folder(root, 20, start=40)
+    again = evaluation.evaluate_checkpoint(trained_workdir, **kwargs)
+    assert again["real_num"] > result["real_num"]
+    assert len(list((out / "eval_cache").glob("real_*.npz"))) == 4
