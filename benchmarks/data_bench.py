@@ -85,6 +85,20 @@ def cold(args) -> dict:
             result[f"{label}_seconds"] = round(seconds, 2)
             result[f"{label}_images_per_second"] = round(loaded.usable / seconds, 1)
         result["workers_all_cores"] = data.folder._worker_count(args.workers)
+        # CPU time per image in this process (less sensitive than wall time to other work on the machine).
+        import numpy as np
+        from PIL import Image
+
+        from ddim.data.preprocess import center_crop_resize
+
+        files = sorted(root.rglob("*.jpg"))[:100]
+        started = time.process_time()
+        decoded = [np.asarray(Image.open(path).convert("RGB")) for path in files]
+        result["decode_cpu_ms_per_image"] = round(1000 * (time.process_time() - started) / len(files), 2)
+        started = time.process_time()
+        for image in decoded:
+            center_crop_resize(image, 64)
+        result["preprocess_cpu_ms_per_image"] = round(1000 * (time.process_time() - started) / len(files), 2)
         result["speedup"] = round(result["all_cores_images_per_second"] / result["one_core_images_per_second"], 2)
     return result
 
