@@ -69,8 +69,7 @@ def data_command(
 ):
     """Check an image folder: usable and skipped files (by reason), classes, sizes; fills the data cache.
 
-    Exits with status 1 when training would refuse the folder (no usable image, or more bad files
-    than data.max_bad_fraction).
+    Exits with status 1 when training would refuse the folder (no usable image, or more bad files than data.max_bad_fraction).
     """
     from ddim.config import load_config
 
