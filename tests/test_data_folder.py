@@ -358,9 +358,10 @@ def test_eval_scores_against_an_image_folder(trained_workdir, tmp_path):
     result = evaluation.evaluate_checkpoint(trained_workdir, **kwargs)
     val = data.load(folder_config(root), out, log=quiet(), show_progress=False).val
     assert result["real_num"] == len(val) and f"of {root} by path hash" in result["split_expression"]
-    assert (out / "data_cache").is_dir() and len(list((out / "eval_cache").glob("real_*.npz"))) == 2
+    cached = len(list((out / "eval_cache").glob("real_*.npz")))
+    assert (out / "data_cache").is_dir() and cached >= 1
     # A changed folder is a different set of real images: new features, not the cached ones.
     write_plain_folder(root, 20, start=40)
     again = evaluation.evaluate_checkpoint(trained_workdir, **kwargs)
     assert again["real_num"] > result["real_num"]
-    assert len(list((out / "eval_cache").glob("real_*.npz"))) == 4
+    assert len(list((out / "eval_cache").glob("real_*.npz"))) == 2 * cached
