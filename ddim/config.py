@@ -60,8 +60,30 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The input pipeline (TFDS)."""
+    """The training images: a folder of your own (``image_dir``) or a TFDS dataset, and how they are read."""
 
+    image_dir: str = ""
+    """Folder of training images (searched recursively; PNG, JPEG, WebP, BMP, TIFF, GIF). When set, the
+    TFDS keys below are not used; ``ddim train --data PATH`` sets it."""
+    val_fraction: float = 0.2
+    """Image folders: fraction of images held out for validation, chosen by a hash of each file's path
+    relative to the folder (so adding files never moves others between the splits). 0.2 as Flowers' 80/20."""
+    min_image_size: int = 0
+    """Image folders: skip images whose shorter side is below this many pixels; 0 means model.image_size
+    (no image is upscaled)."""
+    max_image_pixels: int = 89_478_485
+    """Image folders: skip images with more pixels (width x height) than this as decompression bombs
+    (Pillow's own limit by default)."""
+    max_bad_fraction: float = 0.1
+    """Image folders: refuse to train when more than this fraction of the image files is unusable
+    (corrupt, truncated, too small, ...): a sign of the wrong folder or a broken copy."""
+    cache_dir: str = ""
+    """Directory of the preprocessed-image cache; empty means <workdir>/data_cache. Point several runs
+    at one directory to share it."""
+    workers: int = 0
+    """Processes decoding images when the cache is built; 0 means one per CPU core."""
+    prefetch: int = 4
+    """Batches read ahead of the training step by background threads (0: read in the training thread)."""
     dataset: str = "oxford_flowers102"
     """TFDS dataset name; any TFDS dataset with an "image" feature works."""
     train_split: str = "train[:80%]+validation[:80%]+test[:80%]"
@@ -73,7 +95,8 @@ class DataConfig:
     dataset_repetitions: int = 5
     """Passes over the training images per epoch (as in the Keras example)."""
     shuffle_buffer: int = 640
-    """Shuffle buffer size in images (Keras uses 10 x batch size)."""
+    """Unused: each epoch is now one global shuffle (see the README). Kept so that older configs and
+    checkpoints still load."""
 
 
 @dataclass(frozen=True)
@@ -286,6 +309,7 @@ def validate(config: Config) -> None:
         "train.kid_steps": t.kid_steps,
         "data.dataset_repetitions": d.dataset_repetitions,
         "data.shuffle_buffer": d.shuffle_buffer,
+        "data.max_image_pixels": d.max_image_pixels,
     }
     for key, value in positive.items():
         if value < 1:
@@ -296,6 +320,9 @@ def validate(config: Config) -> None:
         "train.eval_batches": t.eval_batches,
         "train.normalizer_batches": t.normalizer_batches,
         "train.kid_images": t.kid_images,
+        "data.min_image_size": d.min_image_size,
+        "data.workers": d.workers,
+        "data.prefetch": d.prefetch,
     }.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
@@ -303,5 +330,9 @@ def validate(config: Config) -> None:
         raise ConfigError(f"train.ema_decay must be in [0, 1), got {t.ema_decay}")
     if t.kid_images == 1:
         raise ConfigError("train.kid_images must be 0 (off) or >= 2")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
+    if not 0.0 <= d.max_bad_fraction <= 1.0:
+        raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
     if t.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}")

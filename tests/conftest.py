@@ -10,6 +10,11 @@ import pytest
 
 # Before JAX starts: no persistent compilation cache writes from tests into the user's home.
 os.environ.setdefault("DDIM_COMPILATION_CACHE", "off")
+# Data caches of calls without a work directory go to a temporary directory, not the user's home.
+if "DDIM_DATA_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["DDIM_DATA_CACHE"] = tempfile.mkdtemp(prefix="ddim-test-data-cache-")
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -22,7 +27,6 @@ TINY = [
     "model.block_depth=1",
     "model.embedding_dims=8",
     "data.dataset_repetitions=1",
-    "data.shuffle_buffer=16",
     "train.batch_size=8",
     "train.log_every=2",
     "train.checkpoint_every=4",

@@ -1,27 +1,66 @@
-"""A smoke run of the benchmark script (the only benchmark in the suite)."""
+"""A smoke run of the benchmark script (the only benchmark in the suite), on an image folder without TensorFlow."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import CONFIGS, REPO
+from tests.image_folders import write_plain_folder
+
+
+def hide_tensorflow(tmp_path) -> dict:
+    """An environment in which `import tensorflow` (and tensorflow_datasets) fails, as where it is not installed."""
+    shim = tmp_path / "no_tensorflow"
+    for name in ("tensorflow", "tensorflow_datasets"):
+        (shim / name).mkdir(parents=True)
+        (shim / name / "__init__.py").write_text(f'raise ImportError("No module named {name!r} (hidden)")\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
 
 
 @pytest.mark.slow
-def test_benchmark_script_runs_on_the_smoke_config(tmp_path):
+def test_benchmark_script_runs_on_a_folder_without_tensorflow(tmp_path):
     out = tmp_path / "bench.json"
+    write_plain_folder(tmp_path / "images", 40)
     command = [
         sys.executable, str(REPO / "benchmarks" / "bench.py"), "--config", str(CONFIGS / "smoke.toml"),
         "--windows", "2", "--window-steps", "2", "--sample-num", "4", "--sample-steps", "2", "--cli-num", "2",
-        "--skip-input", "--out", str(out),
+        "--data", str(tmp_path / "images"), "--input-batches", "5", "--out", str(out),
     ]
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=hide_tensorflow(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     for key in ("train_images_per_second", "train_seconds_per_step", "train_compile_seconds",
                 "train_flops_per_step", "train_peak_rss_mb", "sample_images_per_second", "sample_compile_seconds",
                 "sample_flops_per_step", "cli_sample_cold_cache_seconds", "cli_sample_warm_cache_seconds",
-                "matmul_peak_gflops_per_second", "train_fraction_of_matmul_peak"):
+                "matmul_peak_gflops_per_second", "train_fraction_of_matmul_peak",
+                "input_pipeline_images_per_second", "input_to_training_ratio"):
         assert isinstance(result[key], (int, float)) and result[key] > 0, key
     assert len(result["train_window_images_per_second"]) == 2
+    assert result["input_source"].startswith("folder ") and result["input_train_images"] > 16
+    assert result["tensorflow_imported"] is False
+
+
+@pytest.mark.slow
+def test_training_and_ddim_data_on_a_folder_need_no_tensorflow(tmp_path):
+    write_plain_folder(tmp_path / "images", 40)
+    workdir = tmp_path / "run"
+    base = [sys.executable, "-m", "ddim.cli"]
+    env = hide_tensorflow(tmp_path)
+    checked = subprocess.run([*base, "data", str(tmp_path / "images"), "--workdir", str(workdir), "--set",
+                              "model.image_size=16"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    trained = subprocess.run(
+        [*base, "train", "--data", str(tmp_path / "images"), "--config", str(CONFIGS / "smoke.toml"), "--workdir",
+         str(workdir), "--set", "train.max_steps=2", "--set", "train.batch_size=8", "--set", "train.eval_every=0",
+         "--compilation-cache", "off"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "trained to step 2" in trained.stdout
+    assert "warning: no TensorBoard summaries" in trained.stderr
+    assert "data cache: no cache yet" not in trained.stderr  # `ddim data` filled the cache training uses

@@ -58,6 +58,27 @@ def setup_runtime(compilation_cache: Optional[str]) -> None:
     runtime.enable_compilation_cache(compilation_cache)
 
 
+DATA_HELP = "Folder of your own training images (a shortcut for --set data.image_dir=PATH)."
+
+
+def with_data(overrides: list[str], data: Optional[Path]) -> list[str]:
+    """``--data PATH`` as the override ``data.image_dir=PATH`` (quoted as a TOML string)."""
+    if data is None:
+        return list(overrides)
+    import json
+
+    return [*overrides, f"data.image_dir={json.dumps(str(data))}"]
+
+
+def default_workdir(config) -> Path:
+    """``runs/<config name>``, or ``runs/<config name>-<folder name>`` when training on an image folder
+    (two folders trained with one config do not share a work directory)."""
+    if config.data.image_dir:
+        folder = Path(config.data.image_dir).expanduser().absolute().name or "images"
+        return DEFAULT_RUNS_DIR / f"{config.name}-{folder}"
+    return DEFAULT_RUNS_DIR / config.name
+
+
 def default_checkpoint_source() -> Path:
     """The work directory under runs/ with the most recently written checkpoint."""
     candidates = [p.parent for p in DEFAULT_RUNS_DIR.glob("*/checkpoints") if p.is_dir()]

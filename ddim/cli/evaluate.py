@@ -39,6 +39,7 @@ def eval_command(
         None, "--real-stats",
         help="Reference statistics .npz (pytorch-fid's mu/sigma) to compute FID against instead of the dataset.",
     ),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Score against this image folder's --split instead of the checkpoint's data."),
     inception_weights: Optional[Path] = typer.Option(
         None,
         "--inception-weights",
@@ -81,6 +82,7 @@ def eval_command(
             kid_net=kid_net,
             fid_weights=fid_weights,
             real_stats=real_stats,
+            image_dir=data,
         )
     typer.echo(format_table(result))
     typer.echo(f"appended to {result['eval_file']}")

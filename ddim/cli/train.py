@@ -7,13 +7,14 @@ from typing import List, Optional
 
 import typer
 
-from ddim.cli.app import CACHE_HELP, DEFAULT_RUNS_DIR, app, setup_runtime, user_errors
+from ddim.cli.app import CACHE_HELP, DATA_HELP, app, default_workdir, setup_runtime, user_errors, with_data
 
 
 @app.command()
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: the flowers64 reference setup)."),
-    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory (default: runs/<config name>)."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory (default: runs/<config name>, with an image folder runs/<config name>-<folder name>)."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help=DATA_HELP),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
     compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
     coordinator: Optional[str] = typer.Option(
@@ -26,12 +27,12 @@ def train(
     from ddim.config import load_config
 
     with user_errors():
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, with_data(overrides, data))
     setup_runtime(compilation_cache)
     from ddim.parallel import initialize_distributed
     from ddim.train import train as run_training
 
-    workdir = workdir or DEFAULT_RUNS_DIR / cfg.name
+    workdir = workdir or default_workdir(cfg)
     try:
         with user_errors():
             initialize_distributed(coordinator, num_processes, process_id)

@@ -1,10 +1,12 @@
 """The real images an evaluation compares with, and the cache of their features.
 
-Real images are a split of the checkpoint's dataset, preprocessed exactly as
-for training (:func:`ddim.data.load_split`): ``val`` (``data.val_split``, the
-default, like the Keras example's KID) or ``train``; ``real_num`` draws a
+Real images are a split of the checkpoint's dataset (a TFDS split or the
+hash split of an image folder), preprocessed exactly as for training and read
+from the data cache (:func:`ddim.data.load_split`): ``val`` (``data.val_split``,
+the default, like the Keras example's KID) or ``train``; ``real_num`` draws a
 fixed random subset. Their features are cached in
-``<workdir>/eval_cache/real_<key>.npz``, keyed on everything they depend on.
+``<workdir>/eval_cache/real_<key>.npz``, keyed on everything they depend on
+(for a folder, its files too).
 """
 
 from __future__ import annotations
@@ -27,18 +29,24 @@ _CACHE_VERSION = 1  # bump when the preprocessing or the cache layout changes
 
 
 def split_expression(config: Config, split: str) -> str:
-    """The TFDS split expression of ``split`` ("val" or "train") in ``config``."""
+    """What ``split`` ("val" or "train") is in ``config``: a TFDS split expression, or a folder's hash split."""
     if split not in SPLITS:
         raise EvaluationError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
+    if config.data.image_dir:
+        share = config.data.val_fraction if split == "val" else 1 - config.data.val_fraction
+        return f"{share:.0%} of {config.data.image_dir} by path hash"
     expression = config.data.val_split if split == "val" else config.data.train_split
     if not expression:
         raise EvaluationError(f"the checkpoint's config has no data.{split}_split; use --split train")
     return expression
 
 
-def real_cache_key(config: Config, split: str, real_num: int | None, identity: str) -> str:
+def real_cache_key(config: Config, split: str, real_num: int | None, identity: str,
+                   data_fingerprint: str | None = None) -> str:
     """Hash of everything the real features depend on: dataset, split, image size, count, network."""
     key = {
+        "data": data_fingerprint,
+        "image_dir": config.data.image_dir,
         "version": _CACHE_VERSION,
         "dataset": config.data.dataset,
         "split": split,
@@ -120,20 +128,26 @@ def real_features(
     cache_dir: str | os.PathLike | None = None,
     log=None,
     show_progress: bool = False,
-    images: np.ndarray | None = None,
+    images=None,
+    data_cache: str | os.PathLike | None = None,
 ) -> list[np.ndarray]:
     """Features of the real images of ``split`` for each extractor, from the cache when possible.
 
-    The images are loaded (and preprocessed as for training) only if some
-    extractor's features are not cached; a caller that already holds the
-    split's images (``load_split(config, split_expression(config, split))``)
-    can pass them as ``images`` instead. With ``cache_dir=None`` nothing is
-    cached. Raises :class:`ddim.data.DataError` when the dataset cannot be loaded.
+    The split is opened from the data cache in ``data_cache`` (built there if
+    needed: see :func:`ddim.data.load_split`); pixels are read only if some
+    extractor's features are not cached. A caller that already holds the
+    split (a :class:`ddim.data.ImageRows`, or an array) can pass it as
+    ``images``. With ``cache_dir=None`` no features are cached. Raises
+    :class:`ddim.data.DataError` when the dataset cannot be loaded.
     """
+    from ddim import data as data_lib
+
     log = log or (lambda message: None)
+    expression = split_expression(config, split)
+    fingerprint = data_lib.split_fingerprint(config, split)  # a folder's files (a scan, no decoding)
     cache = Path(cache_dir) if cache_dir is not None else None
     paths = [
-        cache / f"real_{real_cache_key(config, split, real_num, ex.identity)}.npz" if cache else None
+        cache / f"real_{real_cache_key(config, split, real_num, ex.identity, fingerprint)}.npz" if cache else None
         for ex in extractors
     ]
     results: list[np.ndarray | None] = [_load_cached(p) if p is not None else None for p in paths]
@@ -142,12 +156,9 @@ def real_features(
     if all(r is not None for r in results):
         return results  # type: ignore[return-value]
 
-    expression = split_expression(config, split)
     if images is None:
-        from ddim import data as data_lib
-
-        images = data_lib.load_split(config, expression)
-    images = select_real(np.asarray(images), real_num)
+        images = data_lib.load_split(config, split, data_cache, log=log)
+    images = np.asarray(select_real(images, real_num))
     if len(images) < 2:
         raise EvaluationError(f"split {split!r} ({expression}) has {len(images)} image(s); need at least 2")
     for index, (extractor, path) in enumerate(zip(extractors, paths)):

@@ -316,7 +316,8 @@ class KidMonitor(PeriodicAction):
                 extractor = evaluation.kid_feature_extractor(t.inception_weights or None, batch_size=t.batch_size)
             cache_dir = workdir / evaluation.CACHE_DIR
             cache_dir.mkdir(parents=True, exist_ok=True)
-            (real,) = evaluation.real_features(config, "val", None, [extractor], cache_dir, images=val_images)
+            (real,) = evaluation.real_features(config, "val", None, [extractor], cache_dir, images=val_images,
+                                               data_cache=data_lib.cache_root(config, workdir))
         except (evaluation.EvaluationError, data_lib.DataError) as error:
             say(f"warning: KID monitoring is off: {error}")
             return None

@@ -11,6 +11,7 @@ from ``(seed, epoch)`` (see :mod:`ddim.data`).
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,19 @@ from ddim.train.stop import StopRequest
 # Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
 # already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
 MAX_STEPS_AHEAD = 2
+
+
+def _say_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _summary_writer(workdir: Path, say) -> SummaryWriter | None:
+    """TensorBoard's writer, or None with a warning when TensorFlow (which writes the events) is missing."""
+    try:
+        return SummaryWriter(workdir / "tensorboard")
+    except ImportError as error:
+        say(f"warning: no TensorBoard summaries ({error}); install tensorflow-cpu for them")
+        return None
 
 
 @dataclass
@@ -99,8 +113,8 @@ class TrainingRun:
     model: DiffusionModel
     state: TrainState
     checkpointer: Checkpointer
-    train_images: np.ndarray
-    val_images: np.ndarray | None
+    train_images: data_lib.ImageRows
+    val_images: data_lib.ImageRows | None
     steps_per_epoch: int
     total_steps: int
     start_step: int
@@ -109,18 +123,25 @@ class TrainingRun:
     grid_rng: Any
     is_writer: bool
     metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
+    data: data_lib.Data | None = None
 
     @classmethod
     def prepare(cls, config: Config, workdir: str | Path, log=None) -> "TrainingRun":
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         t = config.train
-        train_images = data_lib.load_split(config, config.data.train_split)
+        early_say = log or _say_stderr
+        # Every process reads the cache (one of them builds it, under a lock); only process 0 reports.
+        is_writer = jax.process_index() == 0
+        data = data_lib.load(config, workdir, ("train", "val") if t.eval_every else ("train",),
+                             log=early_say if is_writer else (lambda message: None), show_progress=is_writer)
+        train_images, val_images = data.train, data.val
+        if val_images is not None and not len(val_images):
+            val_images = None
         steps_per_epoch = data_lib.steps_per_epoch(config, len(train_images))
         total_steps = t.num_epochs * steps_per_epoch
         if t.max_steps:
             total_steps = min(total_steps, t.max_steps)
-        val_images = data_lib.load_split(config, config.data.val_split) if t.eval_every else None
 
         mesh = parallel.data_mesh()
         parallel.check_batch_size(t.batch_size, mesh)
@@ -137,37 +158,46 @@ class TrainingRun:
         elif t.normalizer_batches:
             # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
             # run denormalises its samples correctly.
-            first = data_lib.epoch_batches(train_images, config, epoch=0).take(t.normalizer_batches)
-            stats = state_lib.image_statistics(first.as_numpy_iterator())
+            first = data_lib.first_batches(train_images, config, t.normalizer_batches)
+            stats = state_lib.image_statistics(first)
             state = parallel.replicate(state_lib.set_normalizer_stats(state, *stats), mesh)
         start_step = int(state.step)
 
         progress = Progress(total_steps, start_step, description=config.name)
         say = log or progress.log
-        is_writer = jax.process_index() == 0
-        writer = SummaryWriter(workdir / "tensorboard") if is_writer and start_step < total_steps else None
+        if is_writer:
+            previous = data_lib.previous_fingerprint(workdir)
+            if latest is not None and previous is not None and previous != data.fingerprint:
+                say(f"warning: the data changed since this run last trained ({data.describe()}); training "
+                    "goes on, but not with the batches an uninterrupted run would have seen")
+            data.write_report(workdir)
         say(
-            f"{config.name}: {len(train_images)} training images, {steps_per_epoch} steps/epoch, {total_steps} steps, "
-            f"batch {t.batch_size}, {mesh.devices.size} {jax.default_backend()} device(s), workdir {workdir}"
-            + (f"; resuming from step {start_step}" if latest is not None else "")
+            f"data: {data.describe()} · image {config.model.image_size}x{config.model.image_size} · devices: "
+            f"{jax.device_count()} {jax.default_backend()}, mesh {tuple(mesh.devices.shape)}, global batch "
+            f"{t.batch_size}"
+        )
+        writer = _summary_writer(workdir, say) if is_writer and start_step < total_steps else None
+        say(
+            f"{config.name}: {steps_per_epoch} steps/epoch, {total_steps} steps, workdir {workdir}" + (f"; resuming from step {start_step}" if latest is not None else "")
         )
         return cls(
             config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
             checkpointer, train_images, val_images, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
-            grid_rng, is_writer,
+            grid_rng, is_writer, data=data,
         )
 
     def train_batches(self) -> Iterator[jax.Array]:
         """Global training batches from ``start_step`` on, each process feeding its own rows."""
         rows = parallel.process_slice(self.config.train.batch_size)
-        for batch in data_lib.train_batches(self.train_images, self.config, self.start_step, self.steps_per_epoch):
-            yield parallel.global_batch(batch[rows], self.mesh)
+        for batch in data_lib.train_batches(self.train_images, self.config, self.start_step, self.steps_per_epoch,
+                                            rows):
+            yield parallel.global_batch(batch, self.mesh)
 
     def val_batches(self) -> Iterator[jax.Array]:
         """The validation images as global batches, in fixed order."""
         rows = parallel.process_slice(self.config.train.batch_size)
-        for batch in data_lib.eval_batches(self.val_images, self.config):
-            yield parallel.global_batch(batch[rows], self.mesh)
+        for batch in data_lib.eval_batches(self.val_images, self.config, rows):
+            yield parallel.global_batch(batch, self.mesh)
 
     def run_actions(self, actions: list[PeriodicAction], info: StepInfo) -> float:
         """Run the due actions and report what they say; returns the seconds they took."""

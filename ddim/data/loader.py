@@ -1,0 +1,113 @@
+"""Batches for training and validation, read from the cache with Grain.
+
+Data order is a pure function of ``(seed, epoch)``: epoch ``e`` is the training
+images repeated ``data.dataset_repetitions`` times under one global random
+permutation (numpy's PCG64 seeded by ``(seed, e)``; 4 bytes per image and
+repetition), cut into whole batches. Each epoch is a Grain ``MapDataset`` over
+its batch numbers, which is random access, so resuming at step ``s`` simply
+starts at batch ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch`` and
+sees exactly the batches an uninterrupted run would have: no iterator state
+needs to be checkpointed. (Grain's own per-element ``shuffle`` and ``batch``
+were measured 3-5x slower than this: ~40k against ~120k+ images/s on the
+development machine, which matters on a GPU.)
+
+Multi-host: every process computes the same global batch of image indices
+and reads only its own rows of it (``rows``, from
+:func:`ddim.parallel.process_slice`), so no process reads another's images.
+A few threads read ahead (``data.prefetch`` batches).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ddim.config import Config
+
+# Threads reading batches ahead of the training step. One is enough: a batch is one copy out of
+# the memory-mapped cache (~0.3 ms for 64 images of 64x64), which holds the GIL, so more threads
+# only add hand-offs; the point is to overlap reading with the step the device is running.
+READ_THREADS = 1
+
+
+def steps_per_epoch(config: Config, num_train_images: int) -> int:
+    """Optimiser steps per epoch: repetitions x images, in whole batches."""
+    from ddim.data import DataError
+
+    steps = (num_train_images * config.data.dataset_repetitions) // config.train.batch_size
+    if steps < 1:
+        raise DataError(
+            f"{num_train_images} training images x {config.data.dataset_repetitions} repetitions do not fill "
+            f"one batch of {config.train.batch_size}"
+        )
+    return steps
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch) % (2**31 - 1)
+
+
+def epoch_order(num_images: int, config: Config, epoch: int) -> np.ndarray:
+    """The image index of every position of epoch ``epoch``: the images repeated
+    ``data.dataset_repetitions`` times under one global random permutation, seeded by ``(seed, epoch)``."""
+    total = num_images * config.data.dataset_repetitions
+    rng = np.random.Generator(np.random.PCG64([config.train.seed, epoch]))
+    order = rng.permutation(total) % num_images
+    return order.astype(np.int32) if num_images < 2**31 else order
+
+
+def _iterate(dataset, prefetch: int):
+    import grain
+
+    if prefetch <= 0:  # in the calling thread (iter() of a MapDataset would start Grain's default threads)
+        return (dataset[i] for i in range(len(dataset)))
+    options = grain.ReadOptions(num_threads=READ_THREADS, prefetch_buffer_size=prefetch)
+    return iter(dataset.to_iter_dataset(options))
+
+
+def epoch_batches(images, config: Config, epoch: int, skip: int = 0, rows: slice = slice(None),
+                  prefetch: int | None = None) -> Iterator[np.ndarray]:
+    """The uint8 batches ``(rows of B, H, W, C)`` of one epoch, from batch ``skip`` on.
+
+    A Grain ``MapDataset`` over the epoch's batch numbers (random access: starting at
+    ``skip`` is free) whose elements read their images from ``images`` (an
+    :class:`ddim.data.ImageRows` or an array); Grain's threads read ahead.
+    """
+    import grain
+
+    steps = steps_per_epoch(config, len(images))
+    order = epoch_order(len(images), config, epoch)
+    batch = config.train.batch_size
+
+    def read(step: int) -> np.ndarray:
+        return images[order[step * batch : (step + 1) * batch][rows]]
+
+    dataset = grain.MapDataset.range(skip, steps).map(read)
+    return _iterate(dataset, config.data.prefetch if prefetch is None else prefetch)
+
+
+def train_batches(images, config: Config, start_step: int, steps_per_epoch: int,
+                  rows: slice = slice(None)) -> Iterator[np.ndarray]:
+    """Endless uint8 batches starting at global step ``start_step`` (this process's ``rows`` of each)."""
+    epoch, skip = divmod(start_step, steps_per_epoch)
+    while True:
+        yield from epoch_batches(images, config, epoch, skip, rows)
+        epoch, skip = epoch + 1, 0
+
+
+def first_batches(images, config: Config, count: int) -> Iterator[np.ndarray]:
+    """The first ``count`` whole global batches of epoch 0 (every process reads all rows: same values)."""
+    import itertools
+
+    return itertools.islice(epoch_batches(images, config, 0, rows=slice(None), prefetch=0), count)
+
+
+def eval_batches(images, config: Config, rows: slice = slice(None)) -> Iterator[np.ndarray]:
+    """The validation images in fixed order and whole batches (a partial last batch is dropped)."""
+    batch = config.train.batch_size
+    count = len(images) // batch
+    if config.train.eval_batches:
+        count = min(count, config.train.eval_batches)
+    for i in range(count):
+        yield images[np.arange(i * batch, (i + 1) * batch)[rows]]

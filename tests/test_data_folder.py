@@ -1,0 +1,367 @@
+"""Image folders as training data (ddim/data/): formats, bad files, the split, the cache, `ddim data`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ddim import data
+from ddim.data import decode, folder, split
+from ddim.data.preprocess import center_crop_resize
+from tests.conftest import tiny_config
+from tests.image_folders import LOSSY, write_bad_files, write_good_images, write_plain_folder
+
+
+def folder_config(root, *overrides):
+    return tiny_config(f"data.image_dir={json.dumps(str(root))}", *overrides)
+
+
+def quiet(messages=None):
+    return (lambda message: None) if messages is None else messages.append
+
+
+def test_every_format_and_mode_decodes_to_the_expected_rgb(tmp_path):
+    expected = write_good_images(tmp_path)
+    for name, rgb in expected.items():
+        decoded = decode.read_image(str(tmp_path / name), 16, 16, 10**8)
+        assert decoded.reason == "", (name, decoded.reason, decoded.detail)
+        assert decoded.pixels.shape == (16, 16, 3) and decoded.pixels.dtype == np.uint8
+        assert (decoded.width, decoded.height) == rgb.shape[1::-1], name  # after EXIF orientation
+        want = center_crop_resize(rgb, 16).astype(int)
+        error = np.abs(decoded.pixels.astype(int) - want)
+        if name in LOSSY:  # JPEG, GIF and palette quantisation: close, not equal
+            assert error.mean() < 3 and error.max() <= 24, name
+        else:
+            assert error.max() == 0, name
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    write_good_images(tmp_path)
+    decoded = decode.read_image(str(tmp_path / "sub" / "rotated.jpg"), 16, 16, 10**8)
+    unrotated = np.asarray(Image.open(tmp_path / "sub" / "rotated.jpg").convert("RGB"))
+    assert decoded.height > decoded.width  # stored landscape, shown portrait
+    # The crop of the rotated image, not of the stored one.
+    rotated = center_crop_resize(np.rot90(unrotated, -1), 16).astype(int)
+    assert np.abs(decoded.pixels.astype(int) - rotated).max() <= 1
+    assert np.abs(decoded.pixels.astype(int) - center_crop_resize(unrotated, 16)).max() > 20
+
+
+def test_bad_files_are_skipped_reported_and_never_stop_the_load(tmp_path, monkeypatch):
+    root = tmp_path / "photos"
+    good = write_good_images(root)
+    bad = write_bad_files(root)
+    (root / "notes.txt").write_text("not an image by its extension")
+    (root / ".hidden.png").write_bytes(b"ignored: hidden")
+    real_open = open
+
+    def no_permission(path, *args, **kwargs):  # the tests run as root, which chmod cannot lock out
+        if str(path).endswith("locked.png"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(decode, "open", no_permission, raising=False)
+    messages = []
+    config = folder_config(root, "data.max_image_pixels=100000", "data.max_bad_fraction=0.5")
+    loaded = data.load(config, tmp_path / "run", log=messages.append, show_progress=False)
+    assert {item["path"]: item["reason"] for item in loaded.skipped} == bad
+    assert loaded.usable == len(good) and loaded.candidates == len(good) + len(bad)
+    assert loaded.ignored == {".txt": 1}
+    assert [item["detail"] for item in loaded.skipped if item["path"] == "locked.png"] == ["Permission denied"]
+    # One warning line per skipped file, naming it and the reason.
+    for name, reason in bad.items():
+        assert sum(str(root / name) in m and decode.REASONS[reason] in m for m in messages) == 1, (name, messages)
+    report = loaded.report()
+    assert report["skipped_count"] == len(bad) and report["skipped_by_reason"]["truncated"] == 2
+    # The share of bad files decides whether training refuses the folder.
+    assert loaded.problem(config) is None
+    strict = folder_config(root, "data.max_image_pixels=100000")
+    assert "data.max_bad_fraction" in loaded.problem(strict)
+    with pytest.raises(data.DataError, match=r"8 of 22 files .* are unusable"):
+        data.load(strict, tmp_path / "run", log=quiet(), show_progress=False)
+
+
+def test_no_usable_image_and_missing_folder_are_clear_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(data.DataError, match="no image files in image folder"):
+        data.load(folder_config(tmp_path / "empty"), tmp_path / "run", log=quiet(), show_progress=False)
+    with pytest.raises(data.DataError, match="image folder not found"):
+        data.load(folder_config(tmp_path / "nowhere"), tmp_path / "run", log=quiet(), show_progress=False)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "a.png").write_bytes(b"")
+    with pytest.raises(data.DataError, match="no usable image"):
+        data.load(folder_config(tmp_path / "bad"), tmp_path / "run", log=quiet(), show_progress=False)
+
+
+def test_unusable_cache_directory_is_a_clear_error(tmp_path):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 3)
+    (tmp_path / "a-file").write_text("not a directory")
+    config = folder_config(root, f"data.cache_dir={json.dumps(str(tmp_path / 'a-file'))}")
+    with pytest.raises(data.DataError, match="cannot use the data cache in .*a-file"):
+        data.load(config, tmp_path / "run", log=quiet(), show_progress=False)
+
+
+def test_labels_are_first_level_subfolders(tmp_path):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 12, classes=("cats", "dogs", "owls"))
+    write_plain_folder(root, 2, start=12)  # two images directly in the folder: no label
+    loaded = data.load(folder_config(root, "data.val_fraction=0"), tmp_path / "run", log=quiet(),
+                       show_progress=False)
+    assert loaded.class_names == ["cats", "dogs", "owls"]
+    assert len(loaded.val) == 0
+    assert sorted(np.bincount(loaded.train.labels + 1).tolist()) == [2, 4, 4, 4]
+
+
+def test_validation_split_is_stable_when_files_are_added(tmp_path):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 60)
+    config = folder_config(root)
+    before = data.load(config, tmp_path / "run", log=quiet(), show_progress=False)
+    assert 0 < len(before.val) < 30  # about 20 %
+    val_before = {bytes(image) for image in np.asarray(before.val)}
+    train_before = {bytes(image) for image in np.asarray(before.train)}
+    write_plain_folder(root, 60, start=60)
+    after = data.load(config, tmp_path / "run", log=quiet(), show_progress=False)
+    assert len(after.val) > len(before.val)
+    assert val_before <= {bytes(image) for image in np.asarray(after.val)}
+    assert train_before <= {bytes(image) for image in np.asarray(after.train)}
+    # The decision is the hash of the relative path, whatever else is in the folder.
+    assert split.is_validation("a/b.png", 0.2) == (split.validation_score("a/b.png") < 0.2)
+
+
+def test_cache_is_reused_and_rebuilt_only_for_what_changed(tmp_path, monkeypatch):
+    root = tmp_path / "photos"
+    paths = write_plain_folder(root, 20)
+    config = folder_config(root)
+    first_messages = []
+    first = data.load(config, tmp_path / "run", log=first_messages.append, show_progress=False)
+    assert any("no cache yet; decoding 20 of 20" in m for m in first_messages)
+    pixels = np.asarray(first.train)
+
+    calls = []
+    real_read = folder.read_image
+
+    def counting_read(path, *args):
+        calls.append(os.path.basename(path))
+        return real_read(path, *args)
+
+    monkeypatch.setattr(folder, "read_image", counting_read)
+    again = data.load(config, tmp_path / "run", log=quiet(), show_progress=False)
+    assert calls == [] and again.fingerprint == first.fingerprint
+    np.testing.assert_array_equal(np.asarray(again.train), pixels)
+
+    # One file changed, one removed, one added: only two are decoded.
+    Image.fromarray(np.zeros((24, 24, 3), np.uint8)).save(root / paths[0])
+    os.utime(root / paths[0], ns=(1, 1))
+    (root / paths[1]).unlink()
+    write_plain_folder(root, 1, start=20)
+    messages = []
+    changed = data.load(config, tmp_path / "run", log=messages.append, show_progress=False)
+    assert sorted(calls) == sorted([os.path.basename(paths[0]), "img_00020.png"])
+    assert any("1 new, 1 changed, 1 removed files; decoding 2 of 20 images, reusing 18" in m for m in messages)
+    assert changed.fingerprint != first.fingerprint
+    # The reused rows are the same pixels as freshly decoded ones.
+    calls.clear()
+    monkeypatch.setattr(folder, "read_image", real_read)
+    fresh = data.load(config, tmp_path / "fresh", log=quiet(), show_progress=False)
+    np.testing.assert_array_equal(np.asarray(changed.train), np.asarray(fresh.train))
+    np.testing.assert_array_equal(np.asarray(changed.val), np.asarray(fresh.val))
+    # Only the current version's files are left in the entry.
+    (entry,) = (tmp_path / "run" / "data_cache").iterdir()
+    assert len(list(entry.glob("images-*.u8"))) == 1
+
+    # Another image size is another entry; the old one is untouched.
+    data.load(folder_config(root, "model.image_size=8", "data.min_image_size=8"), tmp_path / "run", log=quiet(),
+              show_progress=False)
+    assert len(list((tmp_path / "run" / "data_cache").iterdir())) == 2
+
+
+def test_parallel_build_matches_the_in_process_one(tmp_path, monkeypatch):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 70)
+    write_bad_files(root / "bad")
+    config = folder_config(root, "data.workers=2", "data.max_bad_fraction=0.5")
+    parallel = data.load(config, tmp_path / "a", log=quiet(), show_progress=False)
+    monkeypatch.setattr(folder, "MIN_PARALLEL", 10**9)
+    serial = data.load(config, tmp_path / "b", log=quiet(), show_progress=False)
+    np.testing.assert_array_equal(np.asarray(parallel.train), np.asarray(serial.train))
+    assert parallel.skipped_by_reason() == serial.skipped_by_reason()
+
+
+def test_image_rows_read_like_an_array(tmp_path):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 30)
+    images = data.load(folder_config(root), tmp_path / "run", log=quiet(), show_progress=False).train
+    everything = np.asarray(images)
+    assert everything.shape == images.shape and everything.dtype == np.uint8
+    np.testing.assert_array_equal(images[3], everything[3])
+    np.testing.assert_array_equal(images[2:9:3], everything[2:9:3])
+    np.testing.assert_array_equal(images[np.array([7, 1, 7, 0])], everything[[7, 1, 7, 0]])
+    with pytest.raises(IndexError):
+        images[len(images)]
+
+
+def test_batches_resume_exactly_and_shard_by_process_rows(tmp_path):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 40)
+    config = folder_config(root, "data.dataset_repetitions=2", "data.val_fraction=0.25")
+    train = data.load(config, tmp_path / "run", log=quiet(), show_progress=False).train
+    steps = data.steps_per_epoch(config, len(train))
+    batches = data.train_batches(train, config, 0, steps)
+    two_epochs = [next(batches) for _ in range(2 * steps)]
+    epoch0 = np.concatenate(two_epochs[:steps])
+    # Each image twice per epoch (the repetitions are shuffled together), a new order each epoch.
+    counts = {}
+    for image in epoch0:
+        counts[bytes(image)] = counts.get(bytes(image), 0) + 1
+    assert set(counts.values()) <= {1, 2} and len(epoch0) == steps * config.train.batch_size
+    assert not np.array_equal(epoch0, np.concatenate(two_epochs[steps:]))
+    for start in (3, steps, steps + 1):
+        resumed = data.train_batches(train, config, start, steps)
+        for expected in two_epochs[start : start + 3]:
+            np.testing.assert_array_equal(next(resumed), expected)
+    # Two processes: each reads its half of every global batch.
+    halves = [data.train_batches(train, config, 0, steps, rows=rows) for rows in (slice(0, 4), slice(4, 8))]
+    for expected in two_epochs[:3]:
+        np.testing.assert_array_equal(np.concatenate([next(h) for h in halves]), expected)
+
+
+def run_cli(*args):
+    from typer.testing import CliRunner
+
+    from ddim.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_ddim_data_reports_counts_and_exit_codes(tmp_path):
+    root = tmp_path / "photos"
+    write_plain_folder(root, 30, classes=("a", "b"), size=20)
+    (root / "broken.png").write_bytes(b"\x89PNG broken")
+    workdir = tmp_path / "run"
+    ok = run_cli("data", str(root), "--workdir", str(workdir), "--set", "model.image_size=16")
+    assert ok.exit_code == 0, ok.output
+    for text in ("31 files: 30 usable", "1 skipped", "not an image Pillow can read", "classes", "2: a (15), b (15)",
+                 "shorter side", "ok: `ddim train --data"):
+        assert text in ok.output, text
+    report = json.loads(next((workdir / "data_cache").glob("*/report.json")).read_text())
+    assert report["skipped"] == [{"path": "broken.png", "reason": "not_an_image", "detail": ""}]
+    as_json = run_cli("data", str(root), "--workdir", str(workdir), "--set", "model.image_size=16", "--json")
+    assert json.loads(as_json.stdout)["usable"] == 30
+
+    # More unusable files than data.max_bad_fraction: training would refuse, so exit 1 and say why.
+    for i in range(5):
+        (root / f"empty{i}.jpg").write_bytes(b"")
+    refused = run_cli("data", str(root), "--workdir", str(workdir), "--set", "model.image_size=16")
+    assert refused.exit_code == 1
+    assert "error: training would refuse this folder" in refused.output and "data.max_bad_fraction" in refused.output
+    missing = run_cli("data", str(tmp_path / "nowhere"), "--workdir", str(workdir))
+    assert missing.exit_code == 1 and "error: image folder not found" in missing.output
+    assert "Traceback" not in missing.output + refused.output
+
+
+def test_folder_and_tfds_give_the_same_pixels_for_the_same_images(tmp_path):
+    """Mock TFDS images exported losslessly to a folder: both paths produce identical pixels."""
+    from tests.conftest import mock_flowers
+
+    config = tiny_config("data.train_split=train", "model.image_size=16")
+    with mock_flowers(12):
+        tfds_data = data.load(config, tmp_path / "tfds", splits=("train",), log=quiet(), show_progress=False)
+        tf = data.tensorflow()
+        import tensorflow_datasets as tfds
+
+        originals = [example["image"] for example in tfds.as_numpy(tfds.load("oxford_flowers102", split="train"))]
+    root = tmp_path / "export"
+    root.mkdir()
+    for i, image in enumerate(originals):
+        Image.fromarray(image).save(root / f"{i:03d}.png")
+    del tf
+    folder_data = data.load(folder_config(root, "model.image_size=16", "data.val_fraction=0", "data.min_image_size=1"),
+                            tmp_path / "folder", log=quiet(), show_progress=False)
+    np.testing.assert_array_equal(np.asarray(folder_data.train), np.asarray(tfds_data.train))
+
+
+@pytest.mark.slow
+def test_training_on_a_folder_resumes_bit_exactly_and_warns_when_the_folder_changed(tmp_path):
+    import jax
+
+    from ddim.checkpoint import Checkpointer, checkpoint_dir
+    from ddim.train import loop
+
+    root = tmp_path / "photos"
+    write_plain_folder(root, 48, classes=("a", "b"))
+    (root / "broken.jpg").write_bytes(b"")
+
+    def run(workdir, max_steps, messages=None):
+        config = folder_config(root, f"train.max_steps={max_steps}", "train.eval_every=0")
+        return loop.train(config, tmp_path / workdir, log=quiet(messages))
+
+    messages = []
+    straight = run("straight", 7, messages)
+    run("resumed", 3)
+    resumed = run("resumed", 7)
+    assert resumed.start_step == 3 and straight.last_metrics == resumed.last_metrics
+
+    def params(workdir):
+        checkpointer = Checkpointer(checkpoint_dir(tmp_path / workdir))
+        state = checkpointer.restore_state(7)
+        checkpointer.close()
+        return state
+
+    jax.tree.map(np.testing.assert_array_equal, params("straight"), params("resumed"))
+    # The start-of-training line, the skipped file in the work directory's report.
+    line = next(m for m in messages if m.startswith("data: "))
+    assert f"data: folder {root}, " in line and "1 skipped" in line and "global batch 8" in line
+    assert "devices: 1 cpu, mesh (1,)" in line
+    report = json.loads((tmp_path / "straight" / data.REPORT_FILE).read_text())
+    assert report["skipped"] == [{"path": "broken.jpg", "reason": "empty", "detail": ""}]
+
+    # Files added before a resume: a warning, not a crash.
+    write_plain_folder(root, 4, start=48)
+    changed = []
+    result = run("resumed", 9, changed)
+    assert result.final_step == 9
+    assert any(m.startswith("warning: the data changed since this run last trained") for m in changed), changed
+
+
+@pytest.mark.slow
+def test_two_forced_cpu_devices_train_on_a_folder(tmp_path):
+    """Two devices in one process: each global batch is read once and split over the mesh."""
+    from tests.test_parallel import run_worker
+
+    root = tmp_path / "photos"
+    write_plain_folder(root, 40)
+    overrides = [f"data.image_dir={json.dumps(str(root))}"]
+    two = run_worker("train", {"workdir": str(tmp_path / "two"), "max_steps": 3, "overrides": overrides}, devices=2)
+    assert (two["devices"], two["start"], two["final"]) == (2, 0, 3)
+    assert all(np.isfinite(value) for value in two["metrics"].values())
+    (entry,) = (tmp_path / "two" / "data_cache").iterdir()
+    assert entry.name.startswith("folder-photos-")
+    # (1 and N devices train the same function: tests/test_parallel.py.)
+
+
+def test_eval_scores_against_an_image_folder(trained_workdir, tmp_path):
+    """`ddim eval --data PATH`: the real images are that folder's validation split, cached by its files."""
+    from ddim import evaluation
+    from tests.test_evaluation import tiny_extractor
+
+    root = tmp_path / "photos"
+    write_plain_folder(root, 40)
+    out = tmp_path / "eval"
+    out.mkdir()
+    kwargs = dict(num=8, steps=2, batch_size=4, feature_extractor_factory=tiny_extractor, workdir=out,
+                  kid_subsets=3, log=quiet(), show_progress=False, image_dir=root)
+    result = evaluation.evaluate_checkpoint(trained_workdir, **kwargs)
+    val = data.load(folder_config(root), out, log=quiet(), show_progress=False).val
+    assert result["real_num"] == len(val) and f"of {root} by path hash" in result["split_expression"]
+    cached = len(list((out / "eval_cache").glob("real_*.npz")))
+    assert (out / "data_cache").is_dir() and cached >= 1
+    # A changed folder is a different set of real images: new features, not the cached ones.
+    write_plain_folder(root, 20, start=40)
+    again = evaluation.evaluate_checkpoint(trained_workdir, **kwargs)
+    assert again["real_num"] > result["real_num"]
+    assert len(list((out / "eval_cache").glob("real_*.npz"))) == 2 * cached
