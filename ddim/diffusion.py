@@ -34,6 +34,18 @@ def cosine_schedule(diffusion_times, min_signal_rate: float = 0.02, max_signal_r
     return jnp.sin(angles), jnp.cos(angles)
 
 
+def time_from_log_snr(log_snrs, min_signal_rate: float = 0.02, max_signal_rate: float = 0.95):
+    """The inverse of :func:`cosine_schedule` in terms of the log-SNR ``lambda = log(signal_rate / noise_rate)``.
+
+    ``tan(angle) = noise_rate / signal_rate = exp(-lambda)``, and the angle is
+    linear in ``t``. Times outside [0, 1] come back for log-SNRs outside the
+    schedule's range (they are not clipped).
+    """
+    start_angle = jnp.arccos(jnp.asarray(max_signal_rate, jnp.float32))
+    end_angle = jnp.arccos(jnp.asarray(min_signal_rate, jnp.float32))
+    return (jnp.arctan(jnp.exp(-log_snrs)) - start_angle) / (end_angle - start_angle)
+
+
 def add_noise(images, noises, noise_rates, signal_rates):
     """Forward process q(x_t | x_0), DDIM eq. 4: ``x_t = sqrt(a_t) x_0 + sqrt(1 - a_t) eps``."""
     return signal_rates * images + noise_rates * noises

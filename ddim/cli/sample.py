@@ -8,7 +8,17 @@ from typing import Optional
 
 import typer
 
-from ddim.cli.app import CACHE_HELP, app, checkpoint_source, fail, require_positive, setup_runtime, user_errors
+from ddim.cli.app import (
+    CACHE_HELP,
+    SAMPLER_HELP,
+    SPACING_HELP,
+    app,
+    check_sampler_options,
+    checkpoint_source,
+    require_positive,
+    setup_runtime,
+    user_errors,
+)
 
 
 @app.command()
@@ -17,9 +27,11 @@ def sample(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
     out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output directory for NNNN.png and grid.png."),
     num: int = typer.Option(16, "--num", "-n", help="Number of images."),
-    steps: int = typer.Option(20, "--steps", help="DDIM steps."),
+    steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
     seed: int = typer.Option(0, "--seed", help="Random seed (same seed, checkpoint and steps: same pixels)."),
     eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
+    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
     batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated at once (bounds memory)."),
     grid: bool = typer.Option(True, "--grid/--no-grid", help="Also write grid.png."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
@@ -27,8 +39,7 @@ def sample(
 ):
     """Generate images with the EMA weights of a checkpoint and write them as PNGs."""
     require_positive(num=num, steps=steps, batch_size=batch_size)
-    if eta < 0:
-        fail(f"--eta must be >= 0 (got {eta})", code=2)
+    check_sampler_options(sampler, spacing, eta)
     source = checkpoint_source(workdir, checkpoint)
     from ddim.images import prepare_output_dir
 
@@ -53,7 +64,10 @@ def sample(
             progress.update(done, "")
 
         try:
-            images = pipe.generate(num, steps=steps, seed=seed, eta=eta, batch_size=batch_size, on_batch=on_batch)
+            images = pipe.generate(
+                num, steps=steps, seed=seed, eta=eta, batch_size=batch_size, on_batch=on_batch,
+                sampler=sampler, spacing=spacing,
+            )
         finally:
             progress.close()
         save_images(images, out, grid=grid, overwrite=overwrite)
