@@ -25,3 +25,29 @@ def test_benchmark_script_runs_on_the_smoke_config(tmp_path):
                 "matmul_peak_gflops_per_second", "train_fraction_of_matmul_peak"):
         assert isinstance(result[key], (int, float)) and result[key] > 0, key
     assert len(result["train_window_images_per_second"]) == 2
+
+
+@pytest.mark.slow
+def test_sampler_benchmark_runs_and_resumes(trained_workdir, tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_samplers", REPO / "benchmarks" / "samplers.py")
+    bench_samplers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_samplers)
+
+    args = ["--checkpoint", str(trained_workdir), "--num", "4", "--batch-size", "2", "--steps", "2,3",
+            "--samplers", "ddim,dpmpp-2m", "--spacings", "uniform,logsnr", "--reference-steps", "8",
+            "--check-num", "2", "--out", str(tmp_path)]
+    results = bench_samplers.main(args)
+    by_key = {(r["sampler"], r["spacing"], r["steps"]): r for r in results}
+    assert len(by_key) == 9 and ("check", "uniform", 4) in by_key
+    for key, record in by_key.items():
+        assert record["num"] == 4 and record["step"] == 6 and 0 <= record["rmse"] < 1, key
+    # More steps of DDIM get closer to the 8-step reference.
+    assert by_key[("ddim", "uniform", 3)]["rmse"] < by_key[("ddim", "uniform", 2)]["rmse"]
+    table = capsys.readouterr().out
+    assert "| dpmpp-2m | logsnr |" in table and "3 steps" in table
+    # A second run finds everything done (and the reference cached): nothing is appended.
+    lines = (tmp_path / "samplers.jsonl").read_text().splitlines()
+    bench_samplers.main(args)
+    assert (tmp_path / "samplers.jsonl").read_text().splitlines() == lines
