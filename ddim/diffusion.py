@@ -97,6 +97,35 @@ def reverse_diffusion_times(step: int, diffusion_steps: int):
     return times, times - step_size
 
 
+def slerp(a, b, weights):
+    """Spherical interpolation between latents ``a`` and ``b`` (DDIM section 5.3, after White 2016).
+
+    For each weight ``w`` in [0, 1]: the direction moves along the great circle
+    from ``a`` to ``b`` (angle ``theta`` between them, ``sin((1-w) theta) a' +
+    sin(w theta) b'``, over ``sin theta``, with unit ``a'``, ``b'``) and the
+    norm moves linearly from ``|a|`` to ``|b|``, so latents of equal norm (as
+    Gaussian noise of one size nearly has) keep it exactly, unlike a straight
+    line, whose midpoint has a smaller norm than any Gaussian sample. ``a``
+    and ``b`` have the same shape; returns ``(len(weights), *a.shape)``.
+    """
+    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    weights = jnp.asarray(weights, jnp.float32).reshape((-1,) + (1,) * a.ndim)
+    norm_a, norm_b = jnp.linalg.norm(a), jnp.linalg.norm(b)
+    unit_a, unit_b = a / norm_a, b / norm_b
+    theta = jnp.arccos(jnp.clip(jnp.sum(unit_a * unit_b), -1.0, 1.0))
+    sin_theta = jnp.sin(theta)
+    # Nearly parallel latents: the great circle is a straight line (and sin(theta) ~ 0).
+    parallel = sin_theta < 1e-6
+    safe = jnp.where(parallel, 1.0, sin_theta)
+    coef_a = jnp.where(parallel, 1.0 - weights, jnp.sin((1.0 - weights) * theta) / safe)
+    coef_b = jnp.where(parallel, weights, jnp.sin(weights * theta) / safe)
+    directions = coef_a * unit_a + coef_b * unit_b
+    directions = directions / jnp.linalg.norm(directions.reshape(directions.shape[0], -1), axis=1).reshape(
+        weights.shape
+    )
+    return directions * ((1.0 - weights) * norm_a + weights * norm_b)
+
+
 def sample_diffusion_times(rng, batch_size: int):
     """Uniform training diffusion times, shaped to broadcast over NHWC images."""
     return jax.random.uniform(rng, (batch_size, 1, 1, 1), minval=0.0, maxval=1.0)

@@ -265,6 +265,103 @@ class DiffusionModel(nn.Module):
         return images
 
 
+    def invert(self, images, diffusion_steps: int, spacing: str = "uniform", lift_iterations: int = 2):
+        """Encode images in [0, 1] to the latents that :meth:`generate` maps back to them (DDIM section 5.4).
+
+        Deterministic DDIM (eta 0) run backwards, from the least noisy to the
+        noisiest level of the ``spacing`` grid that :meth:`generate` walks with
+        the same ``diffusion_steps``: the Euler step of the probability-flow ODE
+        (DDIM eq. 13) from ``t`` to the next, noisier ``t'``,
+        ``x_t' = alpha_t' x0_theta(x_t, t) + sigma_t' eps_theta(x_t, t)``, with
+        the network evaluated where the step starts (``generate`` evaluates it
+        where the step starts, at the noisier end, so each inverted step is
+        exact to first order in the step size).
+
+        The first step lifts the clean image to the grid's last time ``t_L``.
+        ``generate`` ends by returning ``x0_theta(x_{t_L}, t_L)``, so the lift
+        looks for ``x = alpha x0 + sigma eps`` with ``eps = eps_theta(x, t_L)``
+        (then ``x0_theta(x) = x0`` exactly), by ``lift_iterations`` fixed-point
+        iterations from ``eps = 0`` (each one network call). Returns float32
+        latents ``(N, H, W, C)`` in the units of the initial noise.
+        """
+        if diffusion_steps < 1:
+            raise ValueError(f"diffusion_steps must be >= 1, got {diffusion_steps}")
+        clean = self.normalize(images, train=False)
+        grid = self.time_grid(diffusion_steps, spacing)
+        ones = jnp.ones((clean.shape[0], 1, 1, 1), jnp.float32)
+        noise_rates, signal_rates = self.schedule(ones * grid.times[-1])
+        noises = jnp.zeros_like(clean)
+        for _ in range(lift_iterations):
+            noisy = diffusion.add_noise(clean, noises, noise_rates, signal_rates)
+            noises, _ = self.denoise(noisy, noise_rates, signal_rates, train=False)
+        noisy = diffusion.add_noise(clean, noises, noise_rates, signal_rates)
+        return self.reverse_process(noisy, grid.reversed(), "ddim").x
+
+    def edit(
+        self,
+        rng,
+        images,
+        strength,
+        diffusion_steps: int,
+        eta=0.0,
+        sampler: str = "ddim",
+        spacing: str = "uniform",
+    ):
+        """SDEdit (Meng et al. 2021): noise ``images`` in [0, 1] to time ``strength`` and run the reverse process.
+
+        ``x_s = alpha_s x_0 + sigma_s eps`` (DDIM eq. 4) at ``s = strength`` in
+        (0, 1] (traced, so changing it does not recompile), then
+        ``diffusion_steps`` network calls of ``sampler`` on the ``spacing`` grid
+        from ``s`` down to the clean end. Low strengths keep the layout and
+        colours, high ones keep less; ``eps`` comes from ``rng`` as in
+        :meth:`generate`. Returns float32 images in [0, 1].
+        """
+        if diffusion_steps < 1:
+            raise ValueError(f"diffusion_steps must be >= 1, got {diffusion_steps}")
+        clean = self.normalize(images, train=False)
+        init_rng, step_rng = jax.random.split(rng)
+        noises = jax.random.normal(init_rng, clean.shape, jnp.float32)
+        ones = jnp.ones((clean.shape[0], 1, 1, 1), jnp.float32)
+        noise_rates, signal_rates = self.schedule(ones * strength)
+        noisy = diffusion.add_noise(clean, noises, noise_rates, signal_rates)
+        grid = self.time_grid(diffusion_steps, spacing, start=strength)
+        return self.denormalize(self.reverse_process(noisy, grid, sampler, eta, step_rng).pred_images)
+
+    def inpaint(
+        self,
+        rng,
+        images,
+        masks,
+        diffusion_steps: int,
+        eta=0.0,
+        sampler: str = "ddim",
+        spacing: str = "uniform",
+    ):
+        """Fill the region where ``masks`` is 1 consistently with the rest of ``images`` (in [0, 1]).
+
+        RePaint (Lugmayr et al. 2022) without resampling: before every network
+        call the known region (``masks == 0``) of the state is replaced by the
+        original noised to the current time, ``alpha_t x_0 + sigma_t eps``
+        (DDIM eq. 4), with the same ``eps`` as the initial noise, so the known
+        region follows exactly the trajectory the deterministic sampler would
+        take for it. The result keeps the original pixels outside the mask.
+        ``masks``: ``(N, H, W, 1)`` floats, 1 = fill. Returns float32 images in [0, 1].
+        """
+        if diffusion_steps < 1:
+            raise ValueError(f"diffusion_steps must be >= 1, got {diffusion_steps}")
+        clean = self.normalize(images, train=False)
+        init_rng, step_rng = jax.random.split(rng)
+        noises = jax.random.normal(init_rng, clean.shape, jnp.float32)
+
+        def keep_known_region(step, x, rates):
+            known = diffusion.add_noise(clean, noises, rates.noise, rates.signal)
+            return masks * x + (1.0 - masks) * known
+
+        grid = self.time_grid(diffusion_steps, spacing)
+        result = self.reverse_process(noises, grid, sampler, eta, step_rng, hook=keep_known_region)
+        return masks * self.denormalize(result.pred_images) + (1.0 - masks) * images
+
+
 def init_variables(model: DiffusionModel, rng):
     """Initial ``{"params", "batch_stats"}`` of ``model`` (shapes only depend on the model)."""
     images = jnp.zeros((1, *model.image_shape), jnp.float32)

@@ -31,7 +31,7 @@ def test_benchmark_script_runs_on_the_smoke_config(tmp_path):
 def test_sampler_benchmark_runs_and_resumes(trained_workdir, tmp_path, capsys):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_samplers", REPO / "benchmarks" / "samplers.py")
+    spec = importlib.util.spec_from_file_location("sampler_quality", REPO / "benchmarks" / "sampler_quality.py")
     bench_samplers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_samplers)
 
@@ -51,3 +51,21 @@ def test_sampler_benchmark_runs_and_resumes(trained_workdir, tmp_path, capsys):
     lines = (tmp_path / "samplers.jsonl").read_text().splitlines()
     bench_samplers.main(args)
     assert (tmp_path / "samplers.jsonl").read_text().splitlines() == lines
+
+
+@pytest.mark.slow
+def test_reconstruction_benchmark_runs(trained_workdir, tmp_path, capsys):
+    import importlib.util
+
+    from tests.conftest import mock_flowers
+
+    spec = importlib.util.spec_from_file_location("reconstruction", REPO / "benchmarks" / "reconstruction.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with mock_flowers():
+        results = bench.main(["--checkpoint", str(trained_workdir), "--num", "4", "--steps", "2,8",
+                              "--batch-size", "2", "--out", str(tmp_path)])
+    by_steps = {r["steps"]: r for r in results}
+    assert set(by_steps) == {2, 8} and all(r["num"] == 4 and r["step"] == 6 for r in results)
+    assert 0 <= by_steps[8]["mse"] < by_steps[2]["mse"] < 1
+    assert "| 2 | " in capsys.readouterr().out

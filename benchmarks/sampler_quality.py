@@ -1,6 +1,6 @@
 """Sampling quality per network call: every sampler x spacing x step count against a converged reference.
 
-Run:  python benchmarks/samplers.py --checkpoint runs/flowers64/checkpoints/5000 [--num 256] [--out bench-samplers/]
+Run:  python benchmarks/sampler_quality.py --checkpoint runs/flowers64/checkpoints/5000 [--num 256] [--out bench-samplers/]
 
 From fixed initial noise (``--seed``), ``--num`` images are generated with a ``--reference-steps``-step
 DDIM run (uniform grid, 1000 steps by default): the converged solution of the probability-flow ODE. Each
@@ -31,25 +31,11 @@ sys.path.insert(0, str(REPO))
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import log, resolve_checkpoint  # noqa: E402
+
 if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def resolve_checkpoint(checkpoint: str | None, out: Path) -> Path:
-    """The checkpoint to measure; trains the smoke config into ``out/smoke-run`` when none is given."""
-    if checkpoint:
-        return Path(checkpoint)
-    from ddim.config import load_config
-    from ddim.train import train
-
-    workdir = out / "smoke-run"
-    log(f"no --checkpoint: training configs/smoke.toml into {workdir} (a tiny model; numbers are illustrative)")
-    train(load_config(REPO / "configs" / "smoke.toml"), workdir, log=lambda message: None)
-    return workdir
 
 
 class FixedNoiseSampler:
