@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def cosine_schedule(diffusion_times, min_signal_rate: float = 0.02, max_signal_rate: float = 0.95):
@@ -106,24 +107,21 @@ def slerp(a, b, weights):
     norm moves linearly from ``|a|`` to ``|b|``, so latents of equal norm (as
     Gaussian noise of one size nearly has) keep it exactly, unlike a straight
     line, whose midpoint has a smaller norm than any Gaussian sample. ``a``
-    and ``b`` have the same shape; returns ``(len(weights), *a.shape)``.
+    and ``b`` have the same shape; returns float32 ``(len(weights), *a.shape)``.
+    Computed in float64 with numpy: latents are small and live on the host.
     """
-    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
-    weights = jnp.asarray(weights, jnp.float32).reshape((-1,) + (1,) * a.ndim)
-    norm_a, norm_b = jnp.linalg.norm(a), jnp.linalg.norm(b)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    weights = np.asarray(weights, np.float64).reshape((-1,) + (1,) * a.ndim)
+    norm_a, norm_b = np.linalg.norm(a), np.linalg.norm(b)
     unit_a, unit_b = a / norm_a, b / norm_b
-    theta = jnp.arccos(jnp.clip(jnp.sum(unit_a * unit_b), -1.0, 1.0))
-    sin_theta = jnp.sin(theta)
-    # Nearly parallel latents: the great circle is a straight line (and sin(theta) ~ 0).
-    parallel = sin_theta < 1e-6
-    safe = jnp.where(parallel, 1.0, sin_theta)
-    coef_a = jnp.where(parallel, 1.0 - weights, jnp.sin((1.0 - weights) * theta) / safe)
-    coef_b = jnp.where(parallel, weights, jnp.sin(weights * theta) / safe)
-    directions = coef_a * unit_a + coef_b * unit_b
-    directions = directions / jnp.linalg.norm(directions.reshape(directions.shape[0], -1), axis=1).reshape(
-        weights.shape
-    )
-    return directions * ((1.0 - weights) * norm_a + weights * norm_b)
+    theta = np.arccos(np.clip(np.sum(unit_a * unit_b), -1.0, 1.0))
+    if np.sin(theta) < 1e-9:  # (anti)parallel latents: no unique great circle; go straight
+        directions = (1.0 - weights) * unit_a + weights * unit_b
+    else:
+        directions = (np.sin((1.0 - weights) * theta) * unit_a + np.sin(weights * theta) * unit_b) / np.sin(theta)
+    lengths = np.linalg.norm(directions.reshape(len(directions), -1), axis=1).reshape(weights.shape)
+    lengths = np.where(lengths == 0, 1.0, lengths)  # the midpoint of opposite latents
+    return (directions / lengths * ((1.0 - weights) * norm_a + weights * norm_b)).astype(np.float32)
 
 
 def sample_diffusion_times(rng, batch_size: int):
