@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _photo(seed: int, width: int, height: int) -> "Image.Image":
+def _photo(seed: int, width: int, height: int):
     import numpy as np
     from PIL import Image, ImageFilter
 

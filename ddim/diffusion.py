@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def cosine_schedule(diffusion_times, min_signal_rate: float = 0.02, max_signal_rate: float = 0.95):
@@ -32,6 +33,18 @@ def cosine_schedule(diffusion_times, min_signal_rate: float = 0.02, max_signal_r
     end_angle = jnp.arccos(jnp.asarray(min_signal_rate, jnp.float32))
     angles = start_angle + diffusion_times * (end_angle - start_angle)
     return jnp.sin(angles), jnp.cos(angles)
+
+
+def time_from_log_snr(log_snrs, min_signal_rate: float = 0.02, max_signal_rate: float = 0.95):
+    """The inverse of :func:`cosine_schedule` in terms of the log-SNR ``lambda = log(signal_rate / noise_rate)``.
+
+    ``tan(angle) = noise_rate / signal_rate = exp(-lambda)``, and the angle is
+    linear in ``t``. Times outside [0, 1] come back for log-SNRs outside the
+    schedule's range (they are not clipped).
+    """
+    start_angle = jnp.arccos(jnp.asarray(max_signal_rate, jnp.float32))
+    end_angle = jnp.arccos(jnp.asarray(min_signal_rate, jnp.float32))
+    return (jnp.arctan(jnp.exp(-log_snrs)) - start_angle) / (end_angle - start_angle)
 
 
 def add_noise(images, noises, noise_rates, signal_rates):
@@ -83,6 +96,32 @@ def reverse_diffusion_times(step: int, diffusion_steps: int):
     step_size = 1.0 / diffusion_steps
     times = 1.0 - step * step_size
     return times, times - step_size
+
+
+def slerp(a, b, weights):
+    """Spherical interpolation between latents ``a`` and ``b`` (DDIM section 5.3, after White 2016).
+
+    For each weight ``w`` in [0, 1]: the direction moves along the great circle
+    from ``a`` to ``b`` (angle ``theta`` between them, ``sin((1-w) theta) a' +
+    sin(w theta) b'``, over ``sin theta``, with unit ``a'``, ``b'``) and the
+    norm moves linearly from ``|a|`` to ``|b|``, so latents of equal norm (as
+    Gaussian noise of one size nearly has) keep it exactly, unlike a straight
+    line, whose midpoint has a smaller norm than any Gaussian sample. ``a``
+    and ``b`` have the same shape; returns float32 ``(len(weights), *a.shape)``.
+    Computed in float64 with numpy: latents are small and live on the host.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    weights = np.asarray(weights, np.float64).reshape((-1,) + (1,) * a.ndim)
+    norm_a, norm_b = np.linalg.norm(a), np.linalg.norm(b)
+    unit_a, unit_b = a / norm_a, b / norm_b
+    theta = np.arccos(np.clip(np.sum(unit_a * unit_b), -1.0, 1.0))
+    if np.sin(theta) < 1e-9:  # (anti)parallel latents: no unique great circle; go straight
+        directions = (1.0 - weights) * unit_a + weights * unit_b
+    else:
+        directions = (np.sin((1.0 - weights) * theta) * unit_a + np.sin(weights * theta) * unit_b) / np.sin(theta)
+    lengths = np.linalg.norm(directions.reshape(len(directions), -1), axis=1).reshape(weights.shape)
+    lengths = np.where(lengths == 0, 1.0, lengths)  # the midpoint of opposite latents
+    return (directions / lengths * ((1.0 - weights) * norm_a + weights * norm_b)).astype(np.float32)
 
 
 def sample_diffusion_times(rng, batch_size: int):

@@ -14,6 +14,10 @@ class OutputError(UserError, RuntimeError):
     """An output directory cannot be used (the message says which and why)."""
 
 
+class InputError(UserError, ValueError):
+    """An input image, mask or argument of a pipeline verb cannot be used (one sentence says why)."""
+
+
 def to_uint8(images) -> np.ndarray:
     """Float images in [0, 1] -> uint8 (values outside are clipped)."""
     images = np.asarray(images, dtype=np.float32)
@@ -89,3 +93,61 @@ def save_images(images, directory: str | Path, grid: bool = True, overwrite: boo
     if grid:
         paths.append(save_png(make_grid(images), directory / "grid.png"))
     return paths
+
+
+def save_gif(frames, path: str | Path, duration_ms: int = 100, overwrite: bool = False) -> Path:
+    """Write ``(T, H, W, C)`` uint8 frames as a looping animated GIF, atomically.
+
+    Refuses (with :class:`OutputError`) an existing file unless ``overwrite``.
+    """
+    from PIL import Image
+
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise OutputError(f"{path} already exists; use --overwrite or another --out")
+    frames = np.asarray(frames)
+    if frames.ndim == 4 and frames.shape[-1] == 1:
+        frames = frames[..., 0]
+    pictures = [Image.fromarray(frame) for frame in frames]
+    tmp = path.with_name(f".{path.name}.tmp")
+    pictures[0].save(tmp, format="GIF", save_all=True, append_images=pictures[1:], duration=duration_ms, loop=0)
+    os.replace(tmp, path)
+    return path
+
+
+def read_image(path: str | Path, channels: int = 3) -> np.ndarray:
+    """One image file as uint8 ``(H, W, channels)`` (EXIF orientation applied; alpha dropped).
+
+    Raises :class:`InputError` naming the file when it is missing or not an image.
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)
+            image = image.convert("RGB" if channels == 3 else "L")
+            pixels = np.asarray(image, dtype=np.uint8)
+    except FileNotFoundError:
+        raise InputError(f"image {path} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"image {path} is a directory, not an image file") from None
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        raise InputError(f"cannot read image {path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    return pixels if pixels.ndim == 3 else pixels[..., None]
+
+
+def read_mask(path: str | Path) -> np.ndarray:
+    """A mask image as bool ``(H, W)``: True (white, brighter than mid-grey) marks the region to fill."""
+    return read_image(path, channels=1)[..., 0] > 127
+
+
+def center_crop_resize(image, size: int) -> np.ndarray:
+    """The training preprocessing of one uint8 ``(H, W, C)`` image: centre crop to a square, antialiased resize.
+
+    The same function as the input pipeline's (:func:`ddim.data.preprocess`), so
+    a photo gives the model the pixels it would have seen in training.
+    """
+    from ddim.data import preprocess
+
+    return np.asarray(preprocess(np.asarray(image, np.uint8), size))

@@ -67,6 +67,35 @@ def train_mode(args):
     }
 
 
+def tools_mode(args):
+    """Every Pipeline verb of a tiny random model on the mesh: checksums of the outputs."""
+    from ddim.model import DiffusionModel, init_variables
+    from ddim.sampling import Pipeline
+    from tests.conftest import tiny_config
+
+    config = tiny_config()
+    model = DiffusionModel(config.model)
+    variables = init_variables(model, jax.random.key(0))
+    # A non-zero head so the outputs depend on the network.
+    variables = {**variables, "params": jax.tree_util.tree_map_with_path(
+        lambda path, x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape) if "head" in str(path) else x,
+        variables["params"])}
+    pipe = Pipeline(config, variables)
+    images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    mask = np.zeros((16, 16), bool)
+    mask[4:12, 4:12] = True
+    # Batches of 4 (split over the devices) and, for generate, a last batch of 2 (replicated on 4 devices).
+    outputs = {
+        "generate": pipe.generate(6, steps=3, seed=1, batch_size=4, sampler="dpmpp-2m", spacing="logsnr"),
+        "latents": pipe.invert(images, steps=3),
+        "edit": pipe.edit(images, strength=0.5, steps=2, seed=2),
+        "inpaint": pipe.inpaint(images, mask, steps=2, seed=3),
+        "trajectory": pipe.trajectory(4, steps=2, seed=4),
+    }
+    return {"devices": jax.device_count(),
+            **{name: float(np.abs(np.asarray(value, np.float64)).sum()) for name, value in outputs.items()}}
+
+
 def distributed_mode(args):
     """One of several processes: initialise jax.distributed, then train like train_mode."""
     from ddim import parallel
@@ -77,5 +106,5 @@ def distributed_mode(args):
 
 if __name__ == "__main__":
     mode, raw = sys.argv[1], json.loads(sys.argv[2])
-    result = {"step": step_mode, "train": train_mode, "distributed": distributed_mode}[mode](raw)
+    result = {"step": step_mode, "train": train_mode, "distributed": distributed_mode, "tools": tools_mode}[mode](raw)
     print("RESULT " + json.dumps(result), flush=True)

@@ -53,6 +53,10 @@ def test_train_then_sample_end_to_end(tmp_path):
     # ... and with it, the same seed gives the same pixels.
     result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--out", out, "--overwrite")
     assert result.exit_code == 0 and (out / "0000.png").read_bytes() == before
+    # Another sampler and spacing: other pixels from the same seed.
+    result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--out", out, "--overwrite",
+                    "--sampler", "dpmpp-2m", "--spacing", "karras")
+    assert result.exit_code == 0 and (out / "0000.png").read_bytes() != before
 
 
 def test_sample_defaults_to_the_newest_run(trained_workdir, tmp_path, monkeypatch):
@@ -95,6 +99,9 @@ def test_no_runs_at_all(tmp_path, monkeypatch):
         (["--num", "0"], "--num must be >= 1"),
         (["--batch-size", "-3"], "--batch-size must be >= 1"),
         (["--eta", "-1"], "--eta must be >= 0"),
+        (["--sampler", "euler"], "unknown --sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m)"),
+        (["--spacing", "cosine"], "unknown --spacing 'cosine' (choose from uniform, logsnr, karras)"),
+        (["--sampler", "dpmpp-2m", "--eta", "0.5"], "--eta > 0 needs --sampler ddim"),
     ],
 )
 def test_non_positive_arguments(trained_workdir, tmp_path, args, text):

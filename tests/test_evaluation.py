@@ -164,6 +164,9 @@ def test_eval_with_a_missing_weights_path_fails_with_one_line(smoke_workdir, tmp
         (["--eta", "-1"], "--eta"),
         (["--fid-net", "torchvision"], "--fid-net must be 'standard' or 'keras'"),
         (["--kid-net", "clip"], "--kid-net must be 'standard' or 'keras'"),
+        (["--sampler", "euler"], "unknown --sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m)"),
+        (["--spacing", "cosine"], "unknown --spacing 'cosine' (choose from uniform, logsnr, karras)"),
+        (["--sampler", "dpmpp-2m", "--eta", "1"], "--eta > 0 needs --sampler ddim"),
     ],
 )
 def test_eval_rejects_bad_arguments(tmp_path, args, message):
@@ -248,8 +251,9 @@ def test_eval_cli_end_to_end_writes_a_json_line_and_caches_real_features(
 ):
     weights = tmp_path / evaluation.WEIGHTS_FILE
     weights.write_bytes(b"a stand-in: the test network is random")
-    # 8 images in batches of 4 and 2 steps: one sampler compilation, shared with the tests below.
+    # 8 images in batches of 4 and 2 steps of DPM-Solver++(2M) on the log-SNR grid.
     args = ["--workdir", str(smoke_workdir), "--num", "8", "--steps", "2", "--batch-size", "4"]
+    args += ["--sampler", "dpmpp-2m", "--spacing", "logsnr"]
     args += ["--real-num", "12", "--seed", "3", "--inception-weights", str(weights), "--compilation-cache", "off"]
     args += ["--fid-net", "keras", "--kid-net", "keras"]  # the Keras example's protocol
     before = len(eval_lines(smoke_workdir))
@@ -259,7 +263,7 @@ def test_eval_cli_end_to_end_writes_a_json_line_and_caches_real_features(
     assert {size for size, _ in random_inception} == {75, 299}
     assert all(path == weights for _, path in random_inception)
     assert "not the official Keras" in result.stderr  # the stand-in file's md5 is not Keras'
-    for text in ("KID (Keras, 75px)", "FID (Keras, 299px)", "checkpoint",
+    for text in ("KID (Keras, 75px)", "FID (Keras, 299px)", "checkpoint", "2 steps of dpmpp-2m (logsnr spacing)",
                  str(smoke_workdir / evaluation.EVAL_FILE)):
         assert text in result.stdout
 
@@ -268,6 +272,7 @@ def test_eval_cli_end_to_end_writes_a_json_line_and_caches_real_features(
     record = lines[-1]
     assert record["step"] == 6 and record["checkpoint"].endswith("checkpoints/6")
     assert (record["num"], record["real_num"], record["steps"], record["eta"]) == (8, 12, 2, 0.0)
+    assert (record["sampler"], record["spacing"]) == ("dpmpp-2m", "logsnr")
     assert record["split"] == "val" and record["split_expression"] == "train[40%:50%]"
     assert (record["kid_image_size"], record["fid_image_size"]) == (75, 299)
     assert record["kid_subset_size"] == 8 and record["kid_subsets"] == 100
@@ -310,6 +315,7 @@ def test_evaluate_checkpoint_with_an_injected_factory_and_the_train_split(smoke_
     assert result["split"] == "train" and result["real_num"] == MOCK_EXAMPLES
     assert result["kid_subset_size"] == 8 and result["eval_file"] == str(out / evaluation.EVAL_FILE)
     assert eval_lines(out)[-1]["fid"] == result["fid"]
+    assert (result["sampler"], result["spacing"]) == ("ddim", "uniform")
     assert "eval_file" not in eval_lines(out)[-1]
 
 

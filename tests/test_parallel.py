@@ -75,6 +75,14 @@ def test_batch_not_divisible_by_devices_is_a_clear_error(tmp_path):
     )
 
 
+@pytest.mark.slow
+def test_pipeline_verbs_give_the_same_results_on_one_and_four_devices():
+    one, four = run_worker("tools", {}, devices=1), run_worker("tools", {}, devices=4)
+    assert (one["devices"], four["devices"]) == (1, 4)
+    for name in ("generate", "latents", "edit", "inpaint", "trajectory"):
+        assert four[name] == pytest.approx(one[name], rel=1e-3), name
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -37,6 +37,21 @@ def test_generate_rejects_bad_arguments(pipe):
         pipe.generate(2, steps=0)
     with pytest.raises(ValueError, match="number of images must be >= 1"):
         pipe.generate(0, steps=2)
+    with pytest.raises(ValueError, match=r"unknown sampler 'euler' \(choose from ddim, dpmpp-2m, dpmpp-3m\)"):
+        pipe.generate(2, steps=2, sampler="euler")
+    with pytest.raises(ValueError, match=r"unknown spacing 'linear' \(choose from uniform, logsnr, karras\)"):
+        pipe.generate(2, steps=2, spacing="linear")
+    with pytest.raises(ValueError, match="eta > 0 needs the ddim sampler"):
+        pipe.generate(2, steps=2, sampler="dpmpp-2m", eta=1.0)
+    with pytest.raises(ValueError, match="eta must be >= 0"):
+        pipe.generate(2, steps=2, eta=-0.5)
+
+
+def test_samplers_and_spacings_are_deterministic_and_differ(pipe):
+    images = pipe.generate(2, steps=3, seed=0, sampler="dpmpp-2m", spacing="logsnr")
+    assert images.shape == (2, 16, 16, 3) and images.dtype == np.uint8
+    np.testing.assert_array_equal(images, pipe.generate(2, steps=3, seed=0, sampler="dpmpp-2m", spacing="logsnr"))
+    assert not np.array_equal(images, pipe.generate(2, steps=3, seed=0))
 
 
 def test_load_a_step_directory_and_a_missing_path(trained_workdir, tmp_path):

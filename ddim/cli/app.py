@@ -48,6 +48,28 @@ def require_positive(**values: Optional[int]) -> None:
             fail(f"--{name.replace('_', '-')} must be >= 1 (got {value})", code=2)
 
 
+# Kept here (not imported from ddim.samplers) so `ddim --help` needs no JAX; tests check they agree.
+SAMPLER_NAMES = ("ddim", "dpmpp-2m", "dpmpp-3m")
+SPACING_NAMES = ("uniform", "logsnr", "karras")
+SAMPLER_HELP = (
+    "Solver of the reverse process: ddim (default; DDIM eq. 12), dpmpp-2m (DPM-Solver++(2M), second order) "
+    "or dpmpp-3m. Recommended for few steps: see `ddim sample --help`."
+)
+SPACING_HELP = "Time grid: uniform (default, DDIM's), logsnr (uniform in log-SNR) or karras (Karras et al. rho=7)."
+
+
+def check_sampler_options(sampler: str, spacing: str, eta: float) -> None:
+    """Exit with status 2 and one line for an unknown sampler or spacing (listing the valid ones) or a bad eta."""
+    if sampler not in SAMPLER_NAMES:
+        fail(f"unknown --sampler {sampler!r} (choose from {', '.join(SAMPLER_NAMES)})", code=2)
+    if spacing not in SPACING_NAMES:
+        fail(f"unknown --spacing {spacing!r} (choose from {', '.join(SPACING_NAMES)})", code=2)
+    if eta < 0:
+        fail(f"--eta must be >= 0 (got {eta})", code=2)
+    if eta > 0 and sampler != "ddim":
+        fail(f"--eta > 0 needs --sampler ddim ({sampler} is deterministic)", code=2)
+
+
 def setup_runtime(compilation_cache: Optional[str]) -> None:
     """The persistent compilation cache; must run before JAX compiles anything.
 

@@ -7,7 +7,18 @@ from typing import Optional
 
 import typer
 
-from ddim.cli.app import CACHE_HELP, app, checkpoint_source, fail, require_positive, setup_runtime, user_errors
+from ddim.cli.app import (
+    CACHE_HELP,
+    SAMPLER_HELP,
+    SPACING_HELP,
+    app,
+    check_sampler_options,
+    checkpoint_source,
+    fail,
+    require_positive,
+    setup_runtime,
+    user_errors,
+)
 
 
 @app.command("eval")
@@ -15,8 +26,10 @@ def eval_command(
     workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory whose latest checkpoint to score (eval.jsonl and eval_cache/ go there)."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
     num: int = typer.Option(5000, "--num", "-n", help="Number of generated images."),
-    steps: int = typer.Option(20, "--steps", help="DDIM steps."),
+    steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
     eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
+    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
     seed: int = typer.Option(0, "--seed", help="Random seed of the generated images and of the KID subsets."),
     batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated (and featurised) at once; bounds memory."),
     real_num: Optional[int] = typer.Option(None, "--real-num", help="Use at most this many real images (a fixed random subset; default: the whole split)."),
@@ -56,8 +69,7 @@ def eval_command(
     for name, value in (("num", num), ("real-num", real_num)):
         if value is not None and value < 2:
             fail(f"--{name} must be >= 2 for KID and FID (got {value})", code=2)
-    if eta < 0:
-        fail(f"--eta must be >= 0 (got {eta})", code=2)
+    check_sampler_options(sampler, spacing, eta)
     if split not in ("val", "train"):
         fail(f"--split must be 'val' or 'train' (got {split!r})", code=2)
     for name, value in (("fid-net", fid_net), ("kid-net", kid_net)):
@@ -73,6 +85,8 @@ def eval_command(
             num=num,
             steps=steps,
             eta=eta,
+            sampler=sampler,
+            spacing=spacing,
             seed=seed,
             batch_size=batch_size,
             real_num=real_num,

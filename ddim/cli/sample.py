@@ -8,7 +8,17 @@ from typing import Optional
 
 import typer
 
-from ddim.cli.app import CACHE_HELP, app, checkpoint_source, fail, require_positive, setup_runtime, user_errors
+from ddim.cli.app import (
+    CACHE_HELP,
+    SAMPLER_HELP,
+    SPACING_HELP,
+    app,
+    check_sampler_options,
+    checkpoint_source,
+    require_positive,
+    setup_runtime,
+    user_errors,
+)
 
 
 @app.command()
@@ -17,22 +27,27 @@ def sample(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
     out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output directory for NNNN.png and grid.png."),
     num: int = typer.Option(16, "--num", "-n", help="Number of images."),
-    steps: int = typer.Option(20, "--steps", help="DDIM steps."),
+    steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
     seed: int = typer.Option(0, "--seed", help="Random seed (same seed, checkpoint and steps: same pixels)."),
     eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
+    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
     batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated at once (bounds memory)."),
     grid: bool = typer.Option(True, "--grid/--no-grid", help="Also write grid.png."),
+    trajectory: bool = typer.Option(
+        False, "--trajectory", help="Also write trajectory.gif: the predicted images after every step."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
     compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
 ):
     """Generate images with the EMA weights of a checkpoint and write them as PNGs."""
     require_positive(num=num, steps=steps, batch_size=batch_size)
-    if eta < 0:
-        fail(f"--eta must be >= 0 (got {eta})", code=2)
+    check_sampler_options(sampler, spacing, eta)
     source = checkpoint_source(workdir, checkpoint)
     from ddim.images import prepare_output_dir
 
     names = [f"{i:04d}.png" for i in range(num)] + (["grid.png"] if grid else [])
+    names += ["trajectory.gif"] if trajectory else []
     with user_errors():
         prepare_output_dir(out, names, overwrite)
     setup_runtime(compilation_cache)
@@ -53,9 +68,26 @@ def sample(
             progress.update(done, "")
 
         try:
-            images = pipe.generate(num, steps=steps, seed=seed, eta=eta, batch_size=batch_size, on_batch=on_batch)
+            if trajectory:
+                frames = pipe.trajectory(
+                    num, steps=steps, seed=seed, eta=eta, sampler=sampler, spacing=spacing, batch_size=batch_size,
+                    on_batch=on_batch,
+                )
+                images = frames[-1]
+            else:
+                images = pipe.generate(
+                    num, steps=steps, seed=seed, eta=eta, batch_size=batch_size, on_batch=on_batch,
+                    sampler=sampler, spacing=spacing,
+                )
         finally:
             progress.close()
         save_images(images, out, grid=grid, overwrite=overwrite)
+        if trajectory:
+            from ddim.images import make_grid, save_gif
+
+            # Hold the final frame a little longer so the result can be seen.
+            grids = [make_grid(frame) for frame in frames] + [make_grid(frames[-1])] * 4
+            save_gif(grids, out / "trajectory.gif", duration_ms=250, overwrite=True)
     elapsed = time.perf_counter() - started
-    typer.echo(f"wrote {num} images{' and grid.png' if grid else ''} to {out} in {elapsed:.1f}s")
+    extras = [name for name, wanted in (("grid.png", grid), ("trajectory.gif", trajectory)) if wanted]
+    typer.echo(f"wrote {num} images{''.join(' and ' + e for e in extras)} to {out} in {elapsed:.1f}s")

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import jax
-import numpy as np
 
 from ddim import data as data_lib
 from ddim import parallel

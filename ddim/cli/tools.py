@@ -1,0 +1,320 @@
+"""DDIM's own tools on the command line: ``ddim invert/reconstruct/interpolate/edit/inpaint``.
+
+Thin wrappers over the verbs of :class:`ddim.sampling.Pipeline`. Each checks
+its arguments and input files before loading the model, never overwrites a
+file without ``--overwrite``, and turns bad input into one ``error:`` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import typer
+
+from ddim.cli.app import (
+    CACHE_HELP,
+    SAMPLER_HELP,
+    SPACING_HELP,
+    app,
+    check_sampler_options,
+    checkpoint_source,
+    fail,
+    require_positive,
+    setup_runtime,
+    user_errors,
+)
+
+WORKDIR_HELP = "Work directory whose latest checkpoint to use."
+CHECKPOINT_HELP = "A checkpoint step directory (overrides --workdir)."
+STEPS_HELP = "Sampling steps (network calls per image); inversion and generation share the time grid."
+BATCH_HELP = "Images processed at once (bounds memory)."
+
+
+def _workdir_option():
+    return typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP)
+
+
+def _checkpoint_option():
+    return typer.Option(None, "--checkpoint", help=CHECKPOINT_HELP)
+
+
+def _check_inputs(paths: List[Path], what: str = "image") -> None:
+    """One ``error:`` line for the first input that is missing or not a file (before the model loads)."""
+    for path in paths:
+        if not path.exists():
+            fail(f"{what} {path} does not exist")
+        if not path.is_file():
+            fail(f"{what} {path} is not a file")
+
+
+def _output_names(paths: List[Path]) -> List[str]:
+    """``<stem>.png`` per input; two inputs with the same stem would overwrite each other."""
+    names = [f"{path.stem}.png" for path in paths]
+    seen = {}
+    for path, name in zip(paths, names):
+        if name in seen:
+            fail(f"{seen[name]} and {path} would both be written as {name}; rename one of them")
+        seen[name] = path
+    return names
+
+
+@contextlib.contextmanager
+def _notices() -> Iterator[None]:
+    """Show the pipeline's warnings (e.g. an image resized to the model's size) as ``note:`` lines."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            yield
+        finally:
+            for warning in caught:
+                if issubclass(warning.category, UserWarning):
+                    typer.echo(f"note: {warning.message}", err=True)
+
+
+def _load(workdir: Optional[Path], checkpoint: Optional[Path], compilation_cache: Optional[str]):
+    source = checkpoint_source(workdir, checkpoint)
+    setup_runtime(compilation_cache)
+    from ddim.sampling import load
+
+    pipe = load(source)
+    typer.echo(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})", err=True)
+    return pipe
+
+
+def _read(pipe, paths: List[Path]):
+    from ddim.images import read_image
+
+    return [read_image(path, pipe.config.model.channels) for path in paths]
+
+
+def _check_out_file(out: Path, overwrite: bool) -> None:
+    from ddim.images import OutputError
+
+    if out.is_dir():
+        raise OutputError(f"--out {out} is a directory; give a file name such as latents.npz")
+    if out.exists() and not overwrite:
+        raise OutputError(f"{out} already exists; use --overwrite or another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"cannot create directory {out.parent}: {error.strerror or error}") from None
+    if not os.access(out.parent, os.W_OK):
+        raise OutputError(f"directory {out.parent} is not writable")
+
+
+@app.command()
+def invert(
+    images: List[Path] = typer.Argument(..., help="Image files to encode."),
+    out: Path = typer.Option(Path("latents.npz"), "--out", "-o", help="Output .npz file (latents, files, steps, spacing)."),
+    workdir: Optional[Path] = _workdir_option(),
+    checkpoint: Optional[Path] = _checkpoint_option(),
+    steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Encode images to the latents DDIM regenerates them from (deterministic DDIM inversion, DDIM eq. 13).
+
+    `ddim sample`-style generation from these latents with the same --steps and --spacing reconstructs the
+    images; `ddim interpolate --from IMAGE` and the Python API use them.
+    """
+    require_positive(steps=steps, batch_size=batch_size)
+    check_sampler_options("ddim", spacing, 0.0)
+    _check_inputs(images)
+    with user_errors():
+        _check_out_file(out, overwrite)
+        pipe = _load(workdir, checkpoint, compilation_cache)
+        import numpy as np
+
+        with _notices():
+            latents = pipe.invert(_read(pipe, images), steps=steps, spacing=spacing, batch_size=batch_size)
+        tmp = out.with_name(f".{out.name}.tmp.npz")
+        np.savez(
+            tmp, latents=latents, files=np.array([str(p) for p in images]), steps=steps, spacing=spacing,
+            checkpoint=str(pipe.path), step=pipe.step if pipe.step is not None else -1,
+        )
+        os.replace(tmp, out)
+    typer.echo(f"wrote {len(images)} latents ({steps} steps, {spacing} spacing) to {out}")
+
+
+@app.command()
+def reconstruct(
+    images: List[Path] = typer.Argument(..., help="Image files to encode and decode."),
+    out: Path = typer.Option(Path("reconstructions"), "--out", "-o", help="Output directory (<name>.png, comparison.png)."),
+    workdir: Optional[Path] = _workdir_option(),
+    checkpoint: Optional[Path] = _checkpoint_option(),
+    steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Invert images and generate them back; prints each image's error and the mean.
+
+    The error is the mean squared error per pixel and channel on [0, 1] values (the DDIM paper's Table 2
+    measure). comparison.png shows the inputs (top row) over their reconstructions.
+    """
+    require_positive(steps=steps, batch_size=batch_size)
+    check_sampler_options("ddim", spacing, 0.0)
+    _check_inputs(images)
+    names = _output_names(images)
+    from ddim.images import prepare_output_dir
+
+    with user_errors():
+        prepare_output_dir(out, names + ["comparison.png"], overwrite)
+        pipe = _load(workdir, checkpoint, compilation_cache)
+        import numpy as np
+
+        from ddim.images import make_grid, save_png
+
+        with _notices():
+            result = pipe.reconstruct(_read(pipe, images), steps=steps, spacing=spacing, batch_size=batch_size)
+        for image, name in zip(result.images, names):
+            save_png(image, out / name)
+        save_png(make_grid(np.concatenate([result.inputs, result.images]), rows=2), out / "comparison.png")
+    for path, error in zip(images, result.errors):
+        typer.echo(f"{path}: mean squared error {error:.5f}")
+    typer.echo(f"mean squared error {result.errors.mean():.5f} over {len(images)} image(s), {steps} steps; wrote {out}")
+
+
+def _endpoint(value: str, option: str) -> tuple[Optional[int], Optional[Path]]:
+    """``--from``/``--to``: a seed (an integer) or an image file."""
+    try:
+        return int(value), None
+    except ValueError:
+        pass
+    path = Path(value)
+    if not path.is_file():
+        fail(f"{option} {value!r} is neither a seed (an integer) nor an image file", code=2)
+    return None, path
+
+
+@app.command()
+def interpolate(
+    start: str = typer.Option(..., "--from", help="A seed (integer) or an image file (it is inverted)."),
+    end: str = typer.Option(..., "--to", help="A seed (integer) or an image file (it is inverted)."),
+    frames: int = typer.Option(16, "--frames", help="Frames, both ends included (>= 2)."),
+    out: Path = typer.Option(Path("interpolation"), "--out", "-o", help="Output directory (NNNN.png, interpolation.gif)."),
+    workdir: Optional[Path] = _workdir_option(),
+    checkpoint: Optional[Path] = _checkpoint_option(),
+    steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
+    duration: int = typer.Option(120, "--frame-ms", help="Milliseconds per GIF frame."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Morph between two seeds or images: spherical interpolation of their latents, decoded with DDIM."""
+    require_positive(steps=steps, batch_size=batch_size, frame_ms=duration)
+    if frames < 2:
+        fail(f"--frames must be >= 2 (got {frames})", code=2)
+    check_sampler_options("ddim", spacing, 0.0)
+    ends = [_endpoint(start, "--from"), _endpoint(end, "--to")]
+    from ddim.images import prepare_output_dir
+
+    names = [f"{i:04d}.png" for i in range(frames)]
+    with user_errors():
+        prepare_output_dir(out, names + ["interpolation.gif"], overwrite)
+        pipe = _load(workdir, checkpoint, compilation_cache)
+        from ddim.images import save_gif, save_png
+
+        latents = []
+        with _notices():
+            for seed, path in ends:
+                if seed is not None:
+                    latents.append(pipe.latents(1, seed)[0])
+                else:
+                    latents.append(pipe.invert(_read(pipe, [path]), steps=steps, spacing=spacing)[0])
+            images = pipe.interpolate(latents[0], latents[1], frames, steps=steps, spacing=spacing,
+                                      batch_size=batch_size)
+        for image, name in zip(images, names):
+            save_png(image, out / name)
+        save_gif(images, out / "interpolation.gif", duration_ms=duration, overwrite=True)
+    typer.echo(f"wrote {frames} frames and interpolation.gif to {out}")
+
+
+def _sampling_options_check(steps: int, batch_size: int, sampler: str, spacing: str, eta: float) -> None:
+    require_positive(steps=steps, batch_size=batch_size)
+    check_sampler_options(sampler, spacing, eta)
+
+
+@app.command()
+def edit(
+    images: List[Path] = typer.Argument(..., help="Image files to edit."),
+    strength: float = typer.Option(0.6, "--strength", help="How far to noise the input, in (0, 1]: ~0.3 keeps the "
+                                   "composition, ~0.7 only colours and layout, 1 ignores it."),
+    out: Path = typer.Option(Path("edits"), "--out", "-o", help="Output directory (<name>.png)."),
+    workdir: Optional[Path] = _workdir_option(),
+    checkpoint: Optional[Path] = _checkpoint_option(),
+    steps: int = typer.Option(20, "--steps", help="Network calls from --strength down to a clean image."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the added noise."),
+    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
+    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Image-to-image (SDEdit): noise each image to --strength and denoise it into the model's world."""
+    _sampling_options_check(steps, batch_size, sampler, spacing, eta)
+    if not 0.0 < strength <= 1.0:
+        fail(f"--strength must be in (0, 1] (got {strength})", code=2)
+    _check_inputs(images)
+    names = _output_names(images)
+    from ddim.images import prepare_output_dir
+
+    with user_errors():
+        prepare_output_dir(out, names, overwrite)
+        pipe = _load(workdir, checkpoint, compilation_cache)
+        from ddim.images import save_png
+
+        started = time.perf_counter()
+        with _notices():
+            edited = pipe.edit(_read(pipe, images), strength=strength, steps=steps, seed=seed, sampler=sampler,
+                               spacing=spacing, eta=eta, batch_size=batch_size)
+        for image, name in zip(edited, names):
+            save_png(image, out / name)
+    typer.echo(f"wrote {len(images)} edited image(s) to {out} in {time.perf_counter() - started:.1f}s")
+
+
+@app.command()
+def inpaint(
+    images: List[Path] = typer.Argument(..., help="Image files to complete."),
+    mask: Path = typer.Option(..., "--mask", "-m", help="Mask image of the same size: white = the region to fill."),
+    out: Path = typer.Option(Path("inpainted"), "--out", "-o", help="Output directory (<name>.png)."),
+    workdir: Optional[Path] = _workdir_option(),
+    checkpoint: Optional[Path] = _checkpoint_option(),
+    steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the filled region."),
+    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
+    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
+    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+):
+    """Fill the white region of --mask in each image consistently with the rest (the rest is kept)."""
+    _sampling_options_check(steps, batch_size, sampler, spacing, eta)
+    _check_inputs(images)
+    _check_inputs([mask], "mask")
+    names = _output_names(images)
+    from ddim.images import prepare_output_dir, read_mask
+
+    with user_errors():
+        mask_pixels = read_mask(mask)
+        prepare_output_dir(out, names, overwrite)
+        pipe = _load(workdir, checkpoint, compilation_cache)
+        from ddim.images import save_png
+
+        with _notices():
+            filled = pipe.inpaint(_read(pipe, images), mask_pixels, steps=steps, seed=seed, sampler=sampler,
+                                  spacing=spacing, eta=eta, batch_size=batch_size)
+        for image, name in zip(filled, names):
+            save_png(image, out / name)
+    typer.echo(f"wrote {len(images)} inpainted image(s) to {out}")
