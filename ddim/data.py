@@ -15,11 +15,12 @@ batches an uninterrupted run would have seen (:func:`train_batches`).
 from __future__ import annotations
 
 import functools
+import re
 from typing import Iterator
 
 import numpy as np
 
-from ddim.errors import UserError
+from ddim.errors import UserError, environment_error, first_line
 from ddim.config import Config
 
 
@@ -86,7 +87,16 @@ def load_split(config: Config, split: str) -> np.ndarray:
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
-    batches = list(dataset.batch(256).as_numpy_iterator())
+    try:
+        batches = list(dataset.batch(256).as_numpy_iterator())
+    except tf.errors.OpError as error:  # a data file deleted, truncated or unreadable since it was prepared
+        message = getattr(error, "message", str(error))
+        files = re.findall(r"(/[^\s;]+)", message)
+        what = f"{environment_error(error) or 'damaged data file'}: {files[-1]}" if files else first_line(error)
+        raise DataError(
+            f"cannot read split {split!r} of {config.data.dataset!r}: {what} (the prepared copy in "
+            f"{config.data.data_dir or 'TFDS_DATA_DIR'} is incomplete: prepare it again)"
+        ) from None
     if not batches:
         raise DataError(f"split {split!r} of {config.data.dataset!r} has no images")
     return np.concatenate(batches)
