@@ -118,8 +118,8 @@ def checkpoint_dir(workdir: str | Path) -> Path:
 _NOT_DAMAGE = {errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE}
 
 
-def _damage_reason(error: BaseException) -> str:
-    """A short reason for an orbax/TensorStore restore failure, naming the array or file where it can."""
+def _damage_reason(error: BaseException) -> str | None:
+    """Why an orbax/TensorStore restore failure means damaged files, naming the array where it can; else None."""
     chain, cause = [], error
     while cause is not None and len(chain) < 10:
         chain.append(cause)
@@ -138,7 +138,7 @@ def _damage_reason(error: BaseException) -> str:
         return "a data file is corrupt" + where
     if "NOT_FOUND" in text or "does not exist" in text or "not found" in text.lower():
         return "a file is missing" + where
-    return first_line(chain[-1], limit=160)
+    return None  # not recognisably damage: reported as it is, and the checkpoint stays where it is
 
 
 def _process_count() -> int:
@@ -282,13 +282,28 @@ class Checkpointer:
     # Restoring -----------------------------------------------------------------------------------
 
     def restore_state(self, step: int, target: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The saved state dict; with ``target`` (abstract arrays) restored to its shapes and shardings."""
+        """The saved state dict; with ``target`` (abstract arrays) restored to its shapes and shardings.
+
+        Without ``target`` every array lands on this process's first device, whatever
+        devices saved it (a checkpoint of 8 GPUs or 2 hosts samples on one CPU).
+        """
         ocp = _ocp()
-        args = ocp.args.StandardRestore(target) if target is not None else ocp.args.StandardRestore()
         try:
-            return self.manager.restore(step, args=ocp.args.Composite(state=args)).state
+            if target is None:
+                target = self._single_device_target(step)  # None if unreadable: the restore says why
+            return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))).state
         except Exception as error:  # orbax/tensorstore raise many types for damaged files
             raise self._read_error(step, error) from None
+
+    def _single_device_target(self, step: int) -> dict[str, Any] | None:
+        import jax
+
+        ocp = _ocp()
+        metadata = ocp.StandardCheckpointer().metadata(self.directory / str(step) / "state").item_metadata
+        if metadata is None:
+            return None
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), metadata.tree)
 
     def restore_config(self, step: int) -> Config:
         ocp = _ocp()
@@ -302,10 +317,14 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.directory / str(step)} has an invalid config: {first_line(error)}") from None
 
     def _read_error(self, step: int, error: BaseException) -> CheckpointError:
+        """Damage (files missing, truncated, garbled) or another failure, which must not move anything."""
         path = self.directory / str(step)
         if os_error_code(error) in _NOT_DAMAGE:
             return CheckpointError(f"cannot read checkpoint {path}: {environment_error(error)}")
-        return DamagedCheckpoint(path, _damage_reason(error))
+        reason = _damage_reason(error)
+        if reason is None:
+            return CheckpointError(f"cannot restore checkpoint {path}: {first_line(error)}")
+        return DamagedCheckpoint(path, reason)
 
     def problem(self, step: int) -> str | None:
         """What is wrong with the files of ``step``, found without reading its arrays; None if nothing.
