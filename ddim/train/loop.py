@@ -60,12 +60,12 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
         run.say(f"already trained for {run.start_step} steps (of {run.total_steps}); nothing to do")
         run.close()
         return TrainResult(run.state, run.start_step, run.start_step, False, {})
-    actions = default_actions(run, kid_extractor_factory)
-    step_fn, _ = state_lib.compiled_steps(config.train.ema_decay, config.train.ema_warmup, run.mesh)
-    batches = run.train_batches()
-    state, info, stopped, action_seconds = run.state, None, False, 0.0
-    started = time.perf_counter()
+    actions, state, info, stopped, action_seconds = [], run.state, None, False, 0.0
     try:
+        actions = default_actions(run, kid_extractor_factory)
+        step_fn, _ = state_lib.compiled_steps(config.train.ema_decay, config.train.ema_warmup, run.mesh)
+        batches = run.train_batches()
+        started = time.perf_counter()
         with StopRequest(run.mesh) as stop:
             for step in range(run.start_step + 1, run.total_steps + 1):
                 state, step_metrics = step_fn(state, next(batches), run.train_rng)
