@@ -191,7 +191,7 @@ def kill_campaign(ctx, reference: Path, timing: dict) -> Row:
         complete_before = complete_steps(checkpoints)
         writing = bool(list(checkpoints.glob(TMP_GLOB)))
         last = run.last_step()
-        if run.first_step_at is not None:  # runs start faster than the reference (warm compilation cache)
+        if run.first_step_at is not None and mode != "moment":  # runs start faster than the reference (warm cache)
             timing["startup_s"] = min(timing["startup_s"], run.first_step_at - run.started)
         run.kill()  # SIGKILL of the frozen process: the state seen above is the state it dies in
         resolve(run)
@@ -222,10 +222,19 @@ def kill_campaign(ctx, reference: Path, timing: dict) -> Row:
 def _stop_at_a_fault(run: Run, mode: str, rng, timing: dict, start: int, total: int, checkpoints: Path) -> bool:
     """Freeze ``run`` (SIGSTOP) at the moment ``mode`` picks; False if it ended first."""
     deadline = time.monotonic() + 900
-    if mode == "moment":  # uniform over the expected life of this run (a little less: it must not end first)
-        life = timing["startup_s"] + (total - start) * timing["step_s"] + timing["tail_s"]
-        fire_at = run.started + rng.uniform(0.0, 0.9 * life)
-        while time.monotonic() < fire_at and run.process.poll() is None:
+    if mode == "moment":
+        # Uniform over the expected life of this run: start-up (the fastest seen so far) plus 90% of the
+        # training left. A moment in training is timed from the run's first step, so a start-up faster
+        # or slower than expected does not push the kill past the end.
+        startup, training = timing["startup_s"], 0.9 * (total - start) * timing["step_s"]
+        moment = rng.uniform(0.0, startup + training)
+        while run.process.poll() is None and time.monotonic() < deadline:
+            now = time.monotonic()
+            if run.last_step() is None:
+                if now >= run.started + moment:
+                    break  # a kill during start-up
+            elif now >= run.first_step_at + max(0.0, moment - startup):
+                break
             time.sleep(0.002)
     elif mode == "step":  # just after a random step of those left
         target = rng.randint(start + 1, max(start + 1, total - 1))
