@@ -78,6 +78,7 @@ class Run:
     def __init__(self, args: list[str], log: Path, env: dict | None = None):
         self.log = log
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self.first_step_at = None
         self._file = open(log, "w")
         self.process = subprocess.Popen(
@@ -108,6 +109,18 @@ class Run:
     def kill(self) -> None:
         self.process.kill()
         self.wait()
+
+
+def partial_saves(checkpoints: Path, since: float) -> list[Path]:
+    """orbax's temporary directories created at or after ``since`` (a killed run's old one does not count)."""
+    found = []
+    for path in checkpoints.glob(TMP_GLOB) if checkpoints.is_dir() else []:
+        try:
+            if path.stat().st_mtime >= since - 0.01:
+                found.append(path)
+        except FileNotFoundError:
+            pass
+    return found
 
 
 def resumed_from(text: str) -> int:
@@ -183,13 +196,16 @@ def kill_campaign(ctx, reference: Path, timing: dict) -> Row:
         mode = ("moment", "step", "save")[row.injected % 3]
         start = (complete_steps(checkpoints) or [0])[-1]
         run = Run(train_args(ctx.config, workdir, ctx.settings, ctx.cache), ctx.logs / f"kill{attempt:02d}.log")
-        if not _stop_at_a_fault(run, mode, rng, timing, start, total, checkpoints):
+        # Spread the kills over the whole training: each one lands within about twice its share of what is
+        # left (else each kill would halve the remaining steps and most would crowd the last few).
+        window = max(1, 2 * (total - start) // (ctx.kills - row.injected + 1))
+        if not _stop_at_a_fault(run, mode, rng, timing, start, min(total, start + window), checkpoints):
             row.notes.append(f"attempt {attempt} ({mode}): the run ended before the kill")
             run.wait()
             resolve(run)
             break
         complete_before = complete_steps(checkpoints)
-        writing = bool(list(checkpoints.glob(TMP_GLOB)))
+        writing = bool(partial_saves(checkpoints, run.started_wall))
         last = run.last_step()
         if run.first_step_at is not None and mode != "moment":  # runs start faster than the reference (warm cache)
             timing["startup_s"] = min(timing["startup_s"], run.first_step_at - run.started)
@@ -219,14 +235,14 @@ def kill_campaign(ctx, reference: Path, timing: dict) -> Row:
     return row
 
 
-def _stop_at_a_fault(run: Run, mode: str, rng, timing: dict, start: int, total: int, checkpoints: Path) -> bool:
-    """Freeze ``run`` (SIGSTOP) at the moment ``mode`` picks; False if it ended first."""
+def _stop_at_a_fault(run: Run, mode: str, rng, timing: dict, start: int, until: int, checkpoints: Path) -> bool:
+    """Freeze ``run`` (SIGSTOP) at the moment ``mode`` picks, before step ``until``; False if it ended first."""
     deadline = time.monotonic() + 900
     if mode == "moment":
-        # Uniform over the expected life of this run: start-up (the fastest seen so far) plus 90% of the
-        # training left. A moment in training is timed from the run's first step, so a start-up faster
+        # Uniform over the expected life of this run: start-up (the fastest seen so far) plus 90% of its
+        # training window. A moment in training is timed from the run's first step, so a start-up faster
         # or slower than expected does not push the kill past the end.
-        startup, training = timing["startup_s"], 0.9 * (total - start) * timing["step_s"]
+        startup, training = timing["startup_s"], 0.9 * (until - start) * timing["step_s"]
         moment = rng.uniform(0.0, startup + training)
         while run.process.poll() is None and time.monotonic() < deadline:
             now = time.monotonic()
@@ -236,16 +252,16 @@ def _stop_at_a_fault(run: Run, mode: str, rng, timing: dict, start: int, total: 
             elif now >= run.first_step_at + max(0.0, moment - startup):
                 break
             time.sleep(0.002)
-    elif mode == "step":  # just after a random step of those left
-        target = rng.randint(start + 1, max(start + 1, total - 1))
+    elif mode == "step":  # just after a random step of the window
+        target = rng.randint(start + 1, max(start + 1, until - 1))
         while (run.last_step() or -1) < target and run.process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
         time.sleep(rng.uniform(0.0, timing["step_s"]))
     else:  # while orbax writes a checkpoint: freeze on its temporary directory, kill if still there
         while run.process.poll() is None and time.monotonic() < deadline:
-            if list(checkpoints.glob(TMP_GLOB)):
+            if partial_saves(checkpoints, run.started_wall):
                 run.process.send_signal(signal.SIGSTOP)
-                if list(checkpoints.glob(TMP_GLOB)):
+                if partial_saves(checkpoints, run.started_wall):
                     return True
                 run.process.send_signal(signal.SIGCONT)  # the write ended in between: wait for the next
             time.sleep(0.0005)
