@@ -77,6 +77,13 @@ class _OrbaxLogFilter(logging.Filter):
         return record.levelno < logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
+class _OrbaxTaskFilter(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for orbax's writes of a save that failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "orbax" in record.getMessage())
+
+
 def _quiet_unraisable(previous):
     # When one read or write of a batch fails, orbax's event loop closes while TensorStore still
     # completes the others; each completion then reports "Event loop is closed" (or, at exit,
@@ -106,6 +113,7 @@ def _quiet_library_noise() -> None:
         return
     _QUIET.installed = True
     logging.getLogger("absl").addFilter(_OrbaxLogFilter())
+    logging.getLogger("asyncio").addFilter(_OrbaxTaskFilter())
     sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
 
 

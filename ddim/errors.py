@@ -68,16 +68,23 @@ def os_error_code(error: BaseException) -> int | None:
     return None
 
 
-def environment_error(error: BaseException) -> str | None:
+_PATH = re.compile(r"(/[^\s;\"'\]]+)")
+
+
+def environment_error(error: BaseException, path_from_message: bool = False) -> str | None:
     """A short phrase for an error of the environment (``"no space left on device"``), else None.
 
-    ``OSError`` with a file name includes it: ``"permission denied: /runs/x/lock"``.
+    ``OSError`` with a file name includes it: ``"permission denied: /runs/x/lock"``; with
+    ``path_from_message`` so does an error whose message names the file (TensorFlow's, TensorStore's).
     """
     code = os_error_code(error)
     if code is None:
         return None
     phrase = _PHRASES.get(code, os.strerror(code).lower())
     filename = getattr(error, "filename", None)
+    if not filename and path_from_message:
+        paths = _PATH.findall(first_line(error, limit=100000))
+        filename = paths[-1] if paths else None
     return f"{phrase}: {filename}" if filename else phrase
 
 

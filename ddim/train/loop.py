@@ -226,7 +226,8 @@ class TrainingRun:
         if isinstance(error, UserError):
             what = str(error)
         elif environment_error(error) is not None:  # a full disk, a lost permission, ... outside checkpointing
-            what = environment_error(error) + (f" at step {info.step}" if info is not None else "")
+            what = environment_error(error, path_from_message=True)
+            what += f" (at step {info.step})" if info is not None else ""
         else:
             return None
         return TrainingError(f"{what}; {self.last_checkpoint()}")
