@@ -14,6 +14,7 @@ the global array with ``jax.make_array_from_process_local_data``.
 from __future__ import annotations
 
 import os
+import signal
 
 import jax
 import numpy as np
@@ -44,6 +45,13 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     # concerns the CPU client, and must not query the backend (that would start it too early).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    # JAX's preemption notifier has just taken SIGTERM with a C++ handler that only records it; ddim
+    # agrees on stops itself (ddim/train/stop.py), so SIGTERM goes back to ending the process until
+    # the training loop installs its own handler.
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # not the main thread: signals are not ours to change
+        pass
     return True
 
 

@@ -536,21 +536,32 @@ class Pipeline:
         return f"Pipeline(name={self.config.name!r}, step={self.step}, path={str(self.path)!r})"
 
 
-def load(path: str | Path, step: int | None = None) -> Pipeline:
+def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] | None = None) -> Pipeline:
     """Load a pipeline from a work directory, its ``checkpoints`` folder or a checkpoint step dir.
 
     Needs nothing but the checkpoint: the config stored beside the weights
-    rebuilds the model. Raises :class:`ddim.checkpoint.CheckpointError`.
+    rebuilds the model. Without a step (none given, no step directory named),
+    the newest intact checkpoint is used: a damaged newer one is skipped with
+    a one-line warning through ``warn`` (default: stderr) and set aside when
+    no training run owns the directory. Raises
+    :class:`ddim.checkpoint.CheckpointError`, also for a damaged named step.
     """
     from ddim.checkpoint import CheckpointError, locate
     from ddim.model import init_variables
     from ddim.train.state import ema_variables
 
-    checkpointer, latest = locate(checkpoint=path)
-    step = latest if step is None else step
-    config = checkpointer.restore_config(step)
-    state = checkpointer.restore_state(step)
-    checkpointer.close()
+    checkpointer, named = locate(checkpoint=path)
+    try:
+        found = checkpointer.restore(
+            lambda s: (checkpointer.restore_config(s), checkpointer.restore_state(s)),
+            step=step if step is not None else named,
+            warn=warn,
+        )
+    finally:
+        checkpointer.close()
+    if found is None:
+        raise CheckpointError(f"no checkpoints in {checkpointer.directory} (train first: ddim train --workdir ...)")
+    step, (config, state) = found
     try:
         variables = jax.tree.map(jnp.asarray, ema_variables(state))
     except (KeyError, TypeError) as error:

@@ -51,9 +51,11 @@ def train_mode(args):
 
     overrides = [f"train.max_steps={args['max_steps']}", "train.log_every=1", "train.eval_every=0"]
     overrides += args.get("overrides", [])
+    # With "log": progress lines on stdout ("LOG ..."), for a test that acts at a given step.
+    log = (lambda m: print(f"LOG {m}", flush=True)) if args.get("log") else (lambda m: None)
     try:
         with mock_flowers():
-            result = train(tiny_config(*overrides), args["workdir"], log=lambda m: None)
+            result = train(tiny_config(*overrides), args["workdir"], log=log)
     except Exception as error:  # reported to the test, which checks the message
         return {"error": f"{type(error).__name__}: {error}"}
     params = jax.tree.leaves(jax.device_get(result.state.params))
@@ -62,6 +64,7 @@ def train_mode(args):
         "processes": jax.process_count(),
         "start": result.start_step,
         "final": result.final_step,
+        "interrupted": result.interrupted,
         "metrics": result.last_metrics,
         "params": [float(np.sum(np.abs(p))) for p in params],
     }

@@ -41,11 +41,12 @@ def test_locate_errors_and_forms(trained_workdir, tmp_path):
         ckpt.locate(workdir=tmp_path)
     with pytest.raises(ckpt.CheckpointError, match="checkpoint not found"):
         ckpt.locate(checkpoint=tmp_path / "missing")
-    for form in (trained_workdir, trained_workdir / "checkpoints", trained_workdir / "checkpoints" / "6"):
-        _, step = ckpt.locate(checkpoint=form)
-        assert step == 6
-    _, step = ckpt.locate(checkpoint=trained_workdir / "checkpoints" / "4")
-    assert step == 4
+    for form in (trained_workdir, trained_workdir / "checkpoints"):  # the newest intact step, found on restore
+        checkpointer, step = ckpt.locate(checkpoint=form)
+        assert step is None and checkpointer.latest_step() == 6
+    for named in (6, 4):
+        _, step = ckpt.locate(checkpoint=trained_workdir / "checkpoints" / str(named))
+        assert step == named
 
 
 def test_model_config_mismatch_names_the_key():
@@ -63,5 +64,7 @@ def test_corrupt_checkpoint_is_a_clear_error(trained_workdir, tmp_path):
     for path in (workdir / "checkpoints" / "6" / "state").rglob("*"):
         if path.is_file() and path.stat().st_size > 0:
             path.write_bytes(b"garbage")
-    with pytest.raises(ckpt.CheckpointError, match="cannot restore checkpoint"):
-        load(workdir)
+    # Named, it is an error; the work directory falls back to step 4 (tests/test_faults.py has the variants).
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint .*/6 is damaged: .* not valid JSON"):
+        load(workdir / "checkpoints" / "6")
+    assert load(workdir, warn=lambda message: None).step == 4

@@ -128,7 +128,13 @@ def test_corrupt_checkpoint_via_cli(trained_workdir, tmp_path):
     workdir = tmp_path / "corrupt"
     shutil.copytree(trained_workdir, workdir)
     (workdir / "checkpoints" / "6" / "config" / "metadata").write_text("{not json")
+    named = workdir / "checkpoints" / "6"
+    result = invoke("sample", "--checkpoint", named, "--out", tmp_path / "out", "--steps", 1, "--num", 1)
+    assert_one_line_error(result, f"checkpoint {named} is damaged: config/metadata is not valid JSON")
+    # The work directory falls back to step 4 with one warning; the damaged one is kept, set aside.
     result = invoke("sample", "--workdir", workdir, "--out", tmp_path / "out", "--steps", 1, "--num", 1)
-    assert_one_line_error(result, "no readable config")
-    # The damaged checkpoint is reported, never deleted or rewritten.
-    assert (workdir / "checkpoints" / "6" / "config" / "metadata").read_text() == "{not json"
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"skipping damaged checkpoint {named}" in warnings[0], result.output
+    assert "(step 4," in result.output
+    assert (workdir / "checkpoints" / "6.damaged" / "config" / "metadata").read_text() == "{not json"

@@ -55,6 +55,9 @@ def test_checkpoint_from_four_devices_resumes_on_two_and_one(tmp_path):
     import shutil
 
     run_worker("train", {"workdir": str(tmp_path / "a"), "max_steps": 4}, devices=4)
+    import ddim
+
+    assert ddim.load(tmp_path / "a").step == 4  # and it samples here, on one device
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     on_two = run_worker("train", {"workdir": str(tmp_path / "a"), "max_steps": 6}, devices=2)
     on_one = run_worker("train", {"workdir": str(tmp_path / "b"), "max_steps": 6}, devices=1)

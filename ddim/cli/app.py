@@ -7,6 +7,8 @@ instant; JAX, Flax and TensorFlow load inside commands.
 from __future__ import annotations
 
 import contextlib
+import os
+import traceback
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -24,6 +26,19 @@ DEFAULT_RUNS_DIR = Path("runs")
 CACHE_HELP = "JAX compilation cache directory ('off' to disable; default ~/.cache/ddim/jax or $DDIM_COMPILATION_CACHE)."
 
 
+@app.callback()
+def main_options(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show tracebacks (and library error logs) with errors; same as DDIM_DEBUG=1."
+    ),
+):
+    """DDIM image generation on JAX: train on Oxford Flowers 102 or your own images, sample, evaluate."""
+    if debug:
+        from ddim.errors import DEBUG_ENV
+
+        os.environ[DEBUG_ENV] = "1"
+
+
 def fail(message: str, code: int = 1):
     """Print one error line and exit (no traceback)."""
     typer.echo(f"error: {message}", err=True)
@@ -32,13 +47,27 @@ def fail(message: str, code: int = 1):
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a :class:`ddim.errors.UserError` raised inside into one ``error:`` line and exit status 1."""
-    from ddim.errors import UserError
+    """Turn errors a user can act on into one ``error:`` line and exit status 1.
+
+    Those are :class:`ddim.errors.UserError` (bad input, and faults that a layer
+    below explained), and ``OSError`` from the environment (a full disk, a
+    missing permission) that reached the command unexplained. Anything else is
+    a bug and keeps its traceback; ``--debug``/``DDIM_DEBUG=1`` shows the
+    traceback of every error.
+    """
+    from ddim.errors import UserError, debug, environment_error
 
     try:
         yield
     except UserError as error:
+        if debug():
+            traceback.print_exc()
         fail(str(error))
+    except OSError as error:
+        phrase = environment_error(error)
+        if phrase is None or debug():
+            raise
+        fail(phrase)
 
 
 def require_positive(**values: Optional[int]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -25,14 +26,18 @@ def train(
 ):
     """Train (or resume training) a DDIM; Ctrl-C saves a checkpoint, running again resumes."""
     from ddim.config import load_config
+    from ddim.workdir import check_free
 
     with user_errors():
         cfg = load_config(config, with_data(overrides, data))
+        workdir = workdir or default_workdir(cfg)
+        single = coordinator is None and process_id is None and not os.environ.get("DDIM_DISTRIBUTED")
+        if single:  # the processes of a multi-host run share one lock, taken later by process 0
+            check_free(workdir)  # before the slow start-up: a second trainer stops at once
     setup_runtime(compilation_cache)
     from ddim.parallel import initialize_distributed
     from ddim.train import train as run_training
 
-    workdir = workdir or default_workdir(cfg)
     try:
         with user_errors():
             initialize_distributed(coordinator, num_processes, process_id)

@@ -11,6 +11,7 @@ class feature) and their names are stored with the images.
 from __future__ import annotations
 
 import functools
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -38,6 +39,18 @@ def _data_error(message: str):
     from ddim.data import DataError
 
     return DataError(message)
+
+
+def _unreadable(error, dataset: str, split: str) -> Exception:
+    """One line for a TFDS file that cannot be read: what went wrong, which file, what to do."""
+    from ddim.errors import environment_error, first_line
+
+    message = getattr(error, "message", str(error))
+    files = re.findall(r"(/[^\s;]+)", message)
+    what = f"{environment_error(error) or 'damaged data file'}: {files[-1]}" if files else first_line(error)
+    return _data_error(
+        f"cannot read split {split!r} of {dataset!r}: {what} (the prepared copy is incomplete: prepare it again)"
+    )
 
 
 def _load(config: Config, split: str):
@@ -121,6 +134,9 @@ def _build(directory, dataset, info, split, key, fingerprint, count, size, chann
                     progress.update(row, "")
         if block:
             writer.write_rows(first, np.stack(block))
+    except tf.errors.OpError as error:  # a data file deleted, truncated or unreadable since it was prepared
+        writer.abandon()
+        raise _unreadable(error, info.name, split) from None
     except BaseException:
         writer.abandon()
         raise

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from ddim import parallel
-from ddim.checkpoint import Checkpointer
+from ddim.checkpoint import CheckpointError, Checkpointer
 from ddim.config import Config
 from ddim.errors import UserError
 from ddim.images import make_grid, save_png
@@ -188,14 +188,22 @@ class SaveCheckpoint(PeriodicAction):
     """Checkpoints every ``train.checkpoint_every`` steps, at epoch ends, at the end and on a stop.
 
     Only states whose losses were checked finite are saved; a crash saves the
-    newest such state too (:meth:`finish`).
+    newest such state too (:meth:`finish`). Saves run in the background; the
+    step after one has finished learns how it ended, so a failed save (a full
+    disk) stops the run within a step, not at the next save.
     """
 
     def __init__(self, config: Config, checkpointer: Checkpointer, metrics: MetricsBuffer):
         self.when = Every(steps=config.train.checkpoint_every, epochs=1, at_end=True, on_stop=True)
         self.config, self.checkpointer, self.metrics = config, checkpointer, metrics
 
+    def due(self, info: StepInfo) -> bool:
+        return self.when(info) or self.checkpointer.save_finished()
+
     def run(self, info: StepInfo) -> None:
+        if not self.when(info):
+            self.checkpointer.wait()  # the background save has ended: raises if it failed
+            return
         self.metrics.fetch(info.step)  # the NaN guard: raises before anything is written
         self.save(info)
 
@@ -204,12 +212,15 @@ class SaveCheckpoint(PeriodicAction):
             self.checkpointer.save(info.step, state_lib.state_to_dict(info.state), self.config)
 
     def finish(self, info: StepInfo | None, error: BaseException | None) -> None:
-        if error is None or isinstance(error, TrainingError) or info is None:
-            return
+        if error is None or isinstance(error, (TrainingError, CheckpointError)) or info is None:
+            return  # nothing to add; or the state is not to be saved; or saving is what failed
+        if isinstance(error, KeyboardInterrupt) and jax.process_count() > 1:
+            return  # one process aborting cannot save: the others would not join it
         # A crash or a second Ctrl-C: keep the newest state if it is intact and its losses are finite.
         try:
             if not any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(info.state)):
-                self.run(info)
+                self.metrics.fetch(info.step)
+                self.save(info)
         except Exception:  # nothing better to keep than the last periodic checkpoint
             pass
 

@@ -23,12 +23,14 @@ from ddim import data as data_lib
 from ddim import parallel
 from ddim.checkpoint import Checkpointer, checkpoint_dir, model_config_mismatch
 from ddim.config import Config
+from ddim.errors import UserError, environment_error
 from ddim.model import DiffusionModel
 from ddim.summary import Progress, Reporter, SummaryWriter
 from ddim.train import state as state_lib
 from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, TrainingError, default_actions
 from ddim.train.state import TrainState
 from ddim.train.stop import StopRequest
+from ddim.workdir import WorkdirLock, lock_for_training
 
 # Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
 # already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
@@ -71,31 +73,31 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
         run.say(f"already trained for {run.start_step} steps (of {run.total_steps}); nothing to do")
         run.close()
         return TrainResult(run.state, run.start_step, run.start_step, False, {})
-    actions = default_actions(run, kid_extractor_factory)
-    step_fn, _ = state_lib.compiled_steps(config.train.ema_decay, config.train.ema_warmup, run.mesh)
-    batches = run.train_batches()
-    state, info, stopped, action_seconds = run.state, None, False, 0.0
-    started = time.perf_counter()
+    actions, state, info, stopped, action_seconds = [], run.state, None, False, 0.0
     try:
-        with StopRequest() as stop:
+        actions = default_actions(run, kid_extractor_factory)
+        step_fn, _ = state_lib.compiled_steps(config.train.ema_decay, config.train.ema_warmup, run.mesh)
+        batches = run.train_batches()
+        started = time.perf_counter()
+        with StopRequest(run.mesh) as stop:
             for step in range(run.start_step + 1, run.total_steps + 1):
                 state, step_metrics = step_fn(state, next(batches), run.train_rng)
                 run.metrics.append(step_metrics)
                 run.metrics.bound_dispatch(MAX_STEPS_AHEAD)
+                stopped = stop.agreed(step)  # the same step on every process
                 train_seconds = time.perf_counter() - started - action_seconds
-                info = StepInfo(step, run.total_steps, run.steps_per_epoch, state, train_seconds, stop.requested)
+                info = StepInfo(step, run.total_steps, run.steps_per_epoch, state, train_seconds, stopped)
                 action_seconds += run.run_actions(actions, info)
-                if stop.requested:
-                    stopped = True
+                if stopped:
                     run.say(f"stopped at step {step}; checkpoint saved, run the same command to resume")
                     break
-    except TrainingError as error:
-        run.finish(actions, info, error)
-        raise TrainingError(f"{error}; {run.last_checkpoint()}") from None
+        run.finish(actions, info, None)  # waits for the last save, which can fail too
     except BaseException as error:
         run.finish(actions, info, error)
-        raise
-    run.finish(actions, info, None)
+        explained = run.explain(error, info)
+        if explained is None:
+            raise
+        raise explained from None
     return TrainResult(state, run.start_step, info.step, stopped, run.metrics.last_mean)
 
 
@@ -123,11 +125,24 @@ class TrainingRun:
     is_writer: bool
     metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
     data: data_lib.Data | None = None
+    lock: WorkdirLock | None = None
+    finished: bool = False
 
     @classmethod
     def prepare(cls, config: Config, workdir: str | Path, log=None) -> "TrainingRun":
+        """Lock the work directory (one trainer each), load the data, build or resume the state."""
         workdir = Path(workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+        lock = lock_for_training(workdir, warn=log)
+        try:
+            run = cls._prepare(config, workdir, log)
+        except BaseException:
+            lock.release()
+            raise
+        run.lock = lock
+        return run
+
+    @classmethod
+    def _prepare(cls, config: Config, workdir: Path, log) -> "TrainingRun":
         t = config.train
         early_say = log or _say_stderr
         # Every process reads the cache (one of them builds it, under a lock); only process 0 reports.
@@ -147,13 +162,14 @@ class TrainingRun:
         init_rng, train_rng, eval_rng, grid_rng = jax.random.split(jax.random.key(t.seed), 4)
         state = state_lib.create_train_state(config, init_rng, mesh)
         checkpointer = Checkpointer(checkpoint_dir(workdir), keep=t.keep_checkpoints)
-        latest = checkpointer.latest_step()
-        if latest is not None:
-            mismatch = model_config_mismatch(checkpointer.restore_config(latest), config)
-            if mismatch:
-                checkpointer.close()
-                raise TrainingError(f"cannot resume from {checkpointer.directory}: {mismatch}; use another --workdir")
-            state = state_lib.restore_train_state(checkpointer, latest, state)
+        try:  # the newest intact checkpoint; damaged newer ones are set aside with a warning
+            resumed = checkpointer.restore(lambda step: _resume(checkpointer, step, config, state), warn=log)
+        except BaseException:
+            checkpointer.close()
+            raise
+        latest = None
+        if resumed is not None:
+            latest, state = resumed
         elif t.normalizer_batches:
             # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
             # run denormalises its samples correctly.
@@ -176,9 +192,8 @@ class TrainingRun:
             f"{t.batch_size}"
         )
         writer = _summary_writer(workdir, say) if is_writer and start_step < total_steps else None
-        say(
-            f"{config.name}: {steps_per_epoch} steps/epoch, {total_steps} steps, workdir {workdir}" + (f"; resuming from step {start_step}" if latest is not None else "")
-        )
+        resuming = f"; resuming from step {start_step}" if latest is not None else ""
+        say(f"{config.name}: {steps_per_epoch} steps/epoch, {total_steps} steps, workdir {workdir}{resuming}")
         return cls(
             config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
             checkpointer, train_images, val_images, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
@@ -207,20 +222,58 @@ class TrainingRun:
         return time.perf_counter() - started
 
     def finish(self, actions: list[PeriodicAction], info: StepInfo | None, error: BaseException | None) -> None:
-        """End the run: every action's ``finish`` (a crash save among them), then close the outputs."""
-        try:
-            for action in actions:
+        """End the run once: every action's ``finish`` (a crash save among them), then close the outputs."""
+        if self.finished:
+            return
+        self.finished = True
+        failures = []
+        for action in actions:
+            try:
                 action.finish(info, error)
-        finally:
+            except Exception as failure:
+                failures.append(failure)
+        try:
             self.close()
+        except Exception as failure:
+            failures.append(failure)
+        if failures and error is None:  # with an error, that error is what the user needs to see
+            raise failures[0]
 
     def close(self) -> None:
-        self.checkpointer.close()
-        self.reporter.close()
-        self.progress.close()
+        """Wait for the last save (raising if it failed), close the outputs, release the work directory."""
+        try:
+            self.checkpointer.close()
+        finally:
+            self.reporter.close()
+            self.progress.close()
+            if self.lock is not None:
+                self.lock.release()
+
+    def explain(self, error: BaseException, info: StepInfo | None) -> TrainingError | None:
+        """What ended the run, and what is kept, in one line: for errors a user can act on, else None."""
+        if isinstance(error, UserError):
+            what = str(error)
+        elif environment_error(error) is not None:  # a full disk, a lost permission, ... outside checkpointing
+            what = environment_error(error, path_from_message=True)
+            what += f" (at step {info.step})" if info is not None else ""
+        else:
+            return None
+        return TrainingError(f"{what}; {self.last_checkpoint()}")
 
     def last_checkpoint(self) -> str:
         """A sentence naming the newest checkpoint on disk (call after :meth:`close`)."""
+        try:
+            self.checkpointer.reload()
+        except Exception:  # the listing is only for the message
+            pass
         last = self.checkpointer.latest_step()
         where = f"the last good checkpoint is step {last}" if last is not None else "no checkpoint was saved"
         return f"{where} in {self.checkpointer.directory}"
+
+
+def _resume(checkpointer: Checkpointer, step: int, config: Config, template: TrainState) -> TrainState:
+    """Restore ``step`` into ``template`` if it was saved by the same model (a damaged one raises)."""
+    mismatch = model_config_mismatch(checkpointer.restore_config(step), config)
+    if mismatch:
+        raise TrainingError(f"cannot resume from {checkpointer.directory}: {mismatch}; use another --workdir")
+    return state_lib.restore_train_state(checkpointer, step, template)
