@@ -36,7 +36,7 @@ def test_sample_gives_the_images_of_the_printed_command_and_says_when_it_compile
     assert messages[0].startswith("compiling for 3 images x 2 steps") and messages[1].startswith("running")
     assert "including compiling" in result.summary() and "compiling" not in again.summary()
     assert result.images.shape == (3, 16, 16, 3) and result.images.dtype == np.uint8
-    assert result.captions[2] == "seed 7 · image 2 · 2 steps · eta 0.5"
+    assert result.captions[2] == "#2 · seed 7 · 2 steps · eta 0.5"
     assert result.names[1] == "seed7_steps2_eta0.5_0001.png"
     assert result.command.startswith("ddim sample --checkpoint ") and result.command.endswith(
         "--num 3 --steps 2 --seed 7 --eta 0.5")

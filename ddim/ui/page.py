@@ -3,15 +3,16 @@
 Every event that runs the model shares one queue slot (``concurrency_id="device"``,
 limit 1), so requests run one at a time on the device while the server itself keeps
 answering (Gradio serves pages and queues from its event loop; handlers run in
-worker threads). Inputs reach the handlers as the browser sent them (see
-:class:`Slider`, :class:`Number`, :class:`UploadImage`) so that the workbench's
-checks, not Gradio's generic ones, word the error; every error becomes a message
-in the page (:func:`shown_in_page`) and the server goes on serving.
+worker threads). Those events run with ``preprocess=False``: numbers and files
+reach the handlers as the browser sent them, so that the workbench's checks, not
+Gradio's generic ones, word the error (Gradio would decode an upload before the
+handler runs, and a text file or a damaged image would fail with a bare "Error").
+Every error becomes a message in the page (:func:`shown_in_page`) and the server
+goes on serving.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import shutil
@@ -32,50 +33,24 @@ log = logging.getLogger("ddim.ui")
 # Small model images are shown enlarged: keep their pixels sharp instead of blurring them.
 CSS = ".pixelated img, .pixelated canvas { image-rendering: pixelated; }"
 
-# Every event that runs the model shares this one queue slot.
-ON_DEVICE = {"concurrency_id": "device", "concurrency_limit": 1}
+# Every event that runs the model shares this one queue slot and gets its inputs unprocessed.
+ON_DEVICE = {"concurrency_id": "device", "concurrency_limit": 1, "preprocess": False}
 
 
-class Slider(gr.Slider):
-    """``gr.Slider`` whose value reaches the handler unchecked: the workbench checks it and names the field."""
+def upload_bytes(payload) -> bytes | None:
+    """The file of an upload, undecoded (events run with ``preprocess=False``, see the module's doc).
 
-    def get_block_name(self) -> str:
-        return "slider"  # the same widget in the browser
-
-    def preprocess(self, payload):
-        return payload
-
-
-class Number(gr.Number):
-    """``gr.Number`` whose value reaches the handler unchecked (see :class:`Slider`)."""
-
-    def get_block_name(self) -> str:
-        return "number"
-
-    def preprocess(self, payload):
-        return payload
-
-
-class UploadImage(gr.Image):
-    """``gr.Image`` for uploads whose file reaches the handler as bytes, undecoded.
-
-    Gradio would decode it before the handler runs, and a text file, a damaged
-    image or a huge one would then fail with a bare "Error"; the workbench decodes
-    it instead, with a pixel limit and a message for each case. The file is read
-    only from Gradio's upload folder (the server's temporary directory).
+    Gradio has already checked that the file is one it received (in its upload
+    folder, inside the server's temporary directory); this checks it again.
     """
-
-    def get_block_name(self) -> str:
-        return "image"
-
-    def preprocess(self, payload) -> bytes | None:
-        if payload is None:
-            return None
-        if payload.url and payload.url.startswith("data:"):
-            return base64.b64decode(payload.url.split(",", 1)[-1])
-        if payload.path is None or not is_in_or_equal(payload.path, get_upload_folder()):
-            raise UIError("an upload must be a file sent to this page")
-        return Path(payload.path).read_bytes()
+    if payload is None:
+        return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("path"), str):
+        raise UIError("the upload is not a file")
+    path = Path(payload["path"])
+    if not is_in_or_equal(path, get_upload_folder()):
+        raise UIError("an upload must be a file sent to this page")
+    return path.read_bytes()
 
 
 def shown_in_page(title: str) -> Callable:
@@ -157,11 +132,15 @@ def _sample_tab(workbench: Workbench, downloads: Downloads) -> None:
     limits = workbench.limits
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
-            num = Slider(1, limits.max_images, value=min(16, limits.max_images), step=1, label="images")
-            steps = Slider(1, limits.max_steps, value=min(20, limits.max_steps), step=1, label="steps")
-            eta = Slider(0, MAX_ETA, value=0, step=0.05, label="eta (0: deterministic DDIM, 1: DDPM-like)")
+            num = gr.Slider(1, limits.max_images, value=min(16, limits.max_images), step=1, label="images",
+                            elem_id="sample-images")
+            steps = gr.Slider(1, limits.max_steps, value=min(20, limits.max_steps), step=1, label="steps",
+                              elem_id="sample-steps")
+            eta = gr.Slider(0, MAX_ETA, value=0, step=0.05, label="eta (0: deterministic DDIM, 1: DDPM-like)",
+                            elem_id="sample-eta")
             with gr.Row(equal_height=True):
-                seed = Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="seed", scale=3)
+                seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="seed", scale=3,
+                                 elem_id="sample-seed")
                 dice = gr.Button("random seed", size="sm", scale=1, elem_id="sample-random-seed")
             run = gr.Button("Generate", variant="primary", elem_id="sample-run")
         with gr.Column(scale=3):

@@ -107,6 +107,8 @@ class Server:
                 ssr_mode=False,
                 mcp_server=False,
                 enable_monitoring=False,
+                run_history=False,  # results live in temporary files: nothing to reload after a restart
+                footer_links=["api", "gradio", "settings"],
                 max_file_size=MAX_UPLOAD_FILE,
                 allowed_paths=[str(self.temp_dir)],
                 blocked_paths=[str(workbench.card.workdir or workbench.card.checkpoint)] if workbench.card.checkpoint else None,

@@ -138,7 +138,7 @@ class Result:
         if self.details:
             lines.append(self.details)
         if self.command:
-            lines.append(f"Reproduce from the command line:\n\n```\n{self.command}\n```")
+            lines.append(f"```\n{self.command}\n```")
         return "\n\n".join(lines)
 
 
@@ -167,11 +167,11 @@ class Workbench:
             status,
             lambda: self.pipeline.generate(num_images, steps=steps, seed=seed, eta=eta, batch_size=CLI_BATCH_SIZE),
         )
-        captions = [f"seed {seed} · image {i} · {steps} steps · eta {eta:g}" for i in range(num_images)]
+        captions = [f"#{i} · seed {seed} · {steps} steps · eta {eta:g}" for i in range(num_images)]
         command = self.cli_command("sample", num=num_images, steps=steps, seed=seed, eta=f"{eta:g}")
         names = [f"seed{seed}_steps{steps}_eta{eta:g}_{i:04d}.png" for i in range(num_images)]
         return Result(images, captions, command, seconds, compiled, names=names,
-                      details=f"Image *i* of the gallery is `NNNN.png` (*i* = NNNN) of that command.")
+                      details=f"Image #*i* is `NNNN.png` (*i* = NNNN) of this command:")
 
     @staticmethod
     def random_seed() -> int:
