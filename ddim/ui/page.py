@@ -85,8 +85,9 @@ def shown_in_page(title: str) -> Callable:
 class Downloads:
     """The PNG files a page offers for download, named after their settings.
 
-    They live in per-request folders under ``root`` (inside the server's temporary
-    directory, removed when it stops); only the newest ``keep`` folders are kept.
+    They live in per-request folders under ``root``, inside Gradio's cache (so Gradio
+    serves them without copying them) in the server's temporary directory, removed
+    when it stops; only the newest ``keep`` folders are kept.
     """
 
     def __init__(self, root: str | Path, keep: int = 32):
@@ -111,9 +112,9 @@ def gallery_value(downloads: Downloads, result: Result) -> list[tuple[str, str]]
     return list(zip(downloads.save(result.images, result.names), result.captions))
 
 
-def build_page(workbench: Workbench, downloads_dir: str | Path) -> gr.Blocks:
+def build_page(workbench: Workbench) -> gr.Blocks:
     """The whole page; launch it with ``css=CSS`` (see :func:`ddim.ui.server.serve`)."""
-    downloads = Downloads(downloads_dir)
+    downloads = Downloads(Path(get_upload_folder()) / "results")
     limits = workbench.limits
     with gr.Blocks(title="ddim", analytics_enabled=False, delete_cache=(1800, 3600)) as page:
         gr.Markdown(workbench.card.markdown(), elem_id="header")

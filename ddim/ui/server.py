@@ -93,7 +93,7 @@ class Server:
 
         from ddim.ui.page import CSS, build_page
 
-        self.page = build_page(workbench, self.temp_dir / "downloads")
+        self.page = build_page(workbench)
         self.page.queue(max_size=MAX_QUEUED)
         try:
             self.page.launch(
