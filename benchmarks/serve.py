@@ -100,8 +100,11 @@ def timed_request(client, http, num: int, steps: int, seed: int) -> tuple[float,
     return latency, work
 
 
-def browser_latencies(url: str, num: int, steps: int, repeats: int) -> list[float] | None:
-    """Click Generate and wait until ``num`` images are loaded, ``repeats`` times (warm); None without Chromium."""
+def browser_latencies(url: str, num: int, steps: int, repeats: int, screenshot: Path | None = None) -> list[float] | None:
+    """Click Generate and wait until ``num`` images are loaded, ``repeats`` times (warm); None without Chromium.
+
+    With ``screenshot``, the page as it then looks is saved there (PNG).
+    """
     sys.path.insert(0, str(REPO))
     try:
         from selenium.webdriver.support.ui import WebDriverWait
@@ -139,10 +142,15 @@ def browser_latencies(url: str, num: int, steps: int, repeats: int) -> list[floa
 
             wait.until(shown)
             times.append(time.perf_counter() - start)
+        if screenshot is not None:
+            height = driver.execute_script("return document.documentElement.scrollHeight")
+            driver.set_window_size(1400, max(900, height))
+            driver.save_screenshot(str(screenshot))
     return times
 
 
-def bench_checkpoint(checkpoint: str, num: int, steps: int, repeats: int, browser: bool) -> dict:
+def bench_checkpoint(checkpoint: str, num: int, steps: int, repeats: int, browser: bool,
+                     screenshot: Path | None = None) -> dict:
     import httpx
     from gradio_client import Client
 
@@ -162,7 +170,7 @@ def bench_checkpoint(checkpoint: str, num: int, steps: int, repeats: int, browse
             result["warm_request_seconds"] = [w[0] for w in warm]
             result["warm_work_seconds"] = [w[1] for w in warm]
             if browser:
-                result["browser_warm_request_seconds"] = browser_latencies(server.url, num, steps, repeats)
+                result["browser_warm_request_seconds"] = browser_latencies(server.url, num, steps, repeats, screenshot)
         finally:
             server.stop()
 
@@ -200,13 +208,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5, help="Warm requests per checkpoint.")
     parser.add_argument("--browser", action="store_true", help="Also time the page in headless Chromium.")
+    parser.add_argument("--screenshot", type=Path, help="With --browser: save the page of the last checkpoint here.")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         checkpoints = args.checkpoint or [train_smoke(Path(scratch) / "smoke")]
         for checkpoint in checkpoints:
-            result = bench_checkpoint(checkpoint, args.num, args.steps, args.repeats, args.browser)
+            last = checkpoint == checkpoints[-1]
+            result = bench_checkpoint(checkpoint, args.num, args.steps, args.repeats, args.browser,
+                                      args.screenshot if last else None)
             print(json.dumps(result), flush=True)
             results.append(result)
     if args.out:
