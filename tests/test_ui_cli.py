@@ -63,8 +63,10 @@ def test_server_starts_serves_and_removes_its_files(trained_workdir):
         assert httpx.get(server.url, timeout=30).status_code == 200
         assert "16x16 images" in httpx.get(f"{server.url}config", timeout=30).text  # the header
         # Every event that runs the model shares one queue slot of size 1: one request at a time on the device.
-        device_events = [fn for fn in server.page.fns.values() if fn.fn is not None]
-        assert device_events and all(fn.concurrency_id == "device" and fn.concurrency_limit == 1 for fn in device_events)
+        events = {fn.api_name: fn for fn in server.page.fns.values() if fn.fn is not None}
+        tools = ("sample", "interpolate", "reconstruct", "edit", "inpaint", "trajectory")
+        assert all(events[name].concurrency_id == "device" and events[name].concurrency_limit == 1 for name in tools)
+        assert all(fn.concurrency_id != "device" for name, fn in events.items() if name not in tools)
         # A port in use is one clear error.
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", 0))
