@@ -92,7 +92,7 @@ def timed_request(client, http, num: int, steps: int, seed: int) -> tuple[float,
     downloads open a connection per file, ~60 ms each here, which no page pays).
     """
     start = time.perf_counter()
-    gallery, info = client.predict(num, steps, seed, 0, api_name="/sample")
+    gallery, info = client.predict(num, steps, seed, 0, "ddim", "uniform", api_name="/sample")
     sizes = [len(http.get(item["image"]["url"]).raise_for_status().content) for item in gallery]
     latency = time.perf_counter() - start
     assert len(gallery) == num and all(sizes)
@@ -100,8 +100,12 @@ def timed_request(client, http, num: int, steps: int, seed: int) -> tuple[float,
     return latency, work
 
 
-def browser_latencies(url: str, num: int, steps: int, repeats: int, screenshot: Path | None = None) -> list[float] | None:
+def browser_latencies(url: str, num: int, steps: int, repeats: int,
+                      screenshot: Path | None = None) -> list[tuple[float, float]] | None:
     """Click Generate and wait until ``num`` images are loaded, ``repeats`` times (warm); None without Chromium.
+
+    Returns (latency, seconds the server reports for the work) per request: with the browser on the same
+    machine, its drawing competes with the sampler for the CPU, so the work itself can take longer.
 
     With ``screenshot``, the page as it then looks is saved there (PNG).
     """
@@ -141,10 +145,14 @@ def browser_latencies(url: str, num: int, steps: int, repeats: int, screenshot: 
                 )
 
             wait.until(shown)
-            times.append(time.perf_counter() - start)
-        if screenshot is not None:
+            latency = time.perf_counter() - start
+            info = driver.find_element("id", "sample-info").text
+            times.append((latency, float(re.search(r"images? in ([0-9.]+) s", info).group(1))))
+        if screenshot is not None:  # the whole page, not just the window
             height = driver.execute_script("return document.documentElement.scrollHeight")
-            driver.set_window_size(1400, max(900, height))
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                   {"width": 1400, "height": height, "deviceScaleFactor": 1, "mobile": False})
+            time.sleep(1)
             driver.save_screenshot(str(screenshot))
     return times
 
@@ -160,7 +168,7 @@ def bench_checkpoint(checkpoint: str, num: int, steps: int, repeats: int, browse
         result["cli_sample_cold_cache_seconds"] = time_cli_sample(checkpoint, num, steps, Path(cli_cache))
         result["cli_sample_warm_cache_seconds"] = time_cli_sample(checkpoint, num, steps, Path(cli_cache))
 
-        server = Served(checkpoint, Path(serve_cache), max(num, 16), max(steps, 20))
+        server = Served(checkpoint, Path(serve_cache), max(num, 64), max(steps, 1000))  # the defaults, or more
         try:
             result["serve_to_first_page_cold_cache_seconds"] = server.startup_seconds
             client = Client(server.url, verbose=False, download_files=False)
@@ -170,11 +178,14 @@ def bench_checkpoint(checkpoint: str, num: int, steps: int, repeats: int, browse
             result["warm_request_seconds"] = [w[0] for w in warm]
             result["warm_work_seconds"] = [w[1] for w in warm]
             if browser:
-                result["browser_warm_request_seconds"] = browser_latencies(server.url, num, steps, repeats, screenshot)
+                timings = browser_latencies(server.url, num, steps, repeats, screenshot)
+                if timings:
+                    result["browser_warm_request_seconds"] = [t[0] for t in timings]
+                    result["browser_warm_work_seconds"] = [t[1] for t in timings]
         finally:
             server.stop()
 
-        server = Served(checkpoint, Path(serve_cache), max(num, 16), max(steps, 20))
+        server = Served(checkpoint, Path(serve_cache), max(num, 64), max(steps, 1000))  # the defaults, or more
         try:
             result["serve_to_first_page_warm_cache_seconds"] = server.startup_seconds
             client = Client(server.url, verbose=False, download_files=False)
@@ -188,8 +199,10 @@ def bench_checkpoint(checkpoint: str, num: int, steps: int, repeats: int, browse
     result["page_overhead_fraction"] = (latency - work) / work
     if result.get("browser_warm_request_seconds"):
         browser_median = statistics.median(result["browser_warm_request_seconds"])
+        browser_work = statistics.median(result["browser_warm_work_seconds"])
         result["browser_warm_request_median_seconds"] = browser_median
-        result["browser_overhead_fraction"] = (browser_median - work) / work
+        result["browser_warm_work_median_seconds"] = browser_work
+        result["browser_overhead_fraction"] = (browser_median - browser_work) / browser_work
     result["load_after"] = os.getloadavg()
     return result
 

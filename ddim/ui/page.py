@@ -169,8 +169,8 @@ def build_page(workbench: Workbench) -> gr.Blocks:
 
 # -- controls shared by the tabs ------------------------------------------------------------------
 
-SAMPLER_INFO = "ddim: DDIM (first order; eta > 0 allowed). dpmpp-2m/3m: DPM-Solver++, closer to the converged image in few steps."
-SPACING_INFO = "The time grid: uniform in t (DDIM's), uniform in log-SNR, or Karras et al.'s."
+SAMPLER_INFO = "dpmpp-2m/3m (DPM-Solver++) get closer to the converged image in few steps"
+SPACING_INFO = "the time grid: uniform in t (DDIM's), in log-SNR, or Karras'"
 
 
 def _steps(tab: str, limit: int, value: int = 20):
@@ -214,7 +214,8 @@ def _shown(label: str, tab: str, name: str):
 
 
 def _gallery(tab: str, label: str, columns: int = 8):
-    return gr.Gallery(label=label, columns=columns, format="png", object_fit="contain", height="auto",
+    # "fit-content": as tall as its images (Gradio's "auto" is a fixed height with a scrollbar).
+    return gr.Gallery(label=label, columns=columns, format="png", object_fit="contain", height="fit-content",
                       buttons=["download", "download_all", "fullscreen"], elem_classes=["pixelated"],
                       elem_id=f"{tab}-gallery")
 
