@@ -82,3 +82,17 @@ def trained_workdir(tmp_path_factory) -> Path:
     with mock_flowers():
         train(tiny_config(), workdir, log=lambda message: None)
     return workdir
+
+
+@pytest.fixture(scope="session")
+def ui_server(trained_workdir):
+    """``ddim serve`` on the tiny trained model (127.0.0.1, a free port), for the API and browser tests.
+
+    Stopped with SIGTERM at the end of the session; it must exit cleanly and remove its temporary files.
+    """
+    from tests.ui_harness import serving
+
+    with serving(trained_workdir, "--max-images", "8", "--max-steps", "400") as server:
+        yield server
+    assert server.process.returncode == 0, server.output
+    assert not server.temp_dir.exists(), f"{server.temp_dir} was not removed"

@@ -1,0 +1,24 @@
+"""``ddim serve``: a local web page to explore a trained model (the ``[ui]`` extra, Gradio).
+
+- :mod:`ddim.ui.workbench`: what the page does, without the web: the loaded
+  :class:`~ddim.sampling.Pipeline`, the server's limits, one method per page that
+  validates its input and calls the pipeline, one request at a time on the device.
+  Needs no Gradio.
+- :mod:`ddim.ui.page`: the Gradio page over a workbench (imports Gradio).
+- :mod:`ddim.ui.server`: starting and stopping the server (temporary files, host,
+  port, signals).
+
+Nothing here imports Gradio at module level except :mod:`ddim.ui.page`, so the
+command line stays instant and says how to install the extra when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+INSTALL_HINT = "the web page needs the [ui] extra: pip install 'ddim[ui]' (in a checkout: pip install -e '.[ui]')"
+
+
+def gradio_available() -> bool:
+    """Whether Gradio is installed (without importing it)."""
+    return importlib.util.find_spec("gradio") is not None
