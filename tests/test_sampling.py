@@ -33,7 +33,7 @@ def test_batches_are_deterministic_and_bounded(pipe):
 
 
 def test_generate_rejects_bad_arguments(pipe):
-    with pytest.raises(ValueError, match="diffusion steps must be >= 1"):
+    with pytest.raises(ValueError, match="diffusion steps must be an integer >= 1"):
         pipe.generate(2, steps=0)
     with pytest.raises(ValueError, match="number of images must be >= 1"):
         pipe.generate(0, steps=2)
