@@ -12,9 +12,12 @@ import pytest
 os.environ.setdefault("DDIM_COMPILATION_CACHE", "off")
 # Data caches of calls without a work directory go to a temporary directory, not the user's home.
 if "DDIM_DATA_CACHE" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["DDIM_DATA_CACHE"] = tempfile.mkdtemp(prefix="ddim-test-data-cache-")
+    atexit.register(shutil.rmtree, os.environ["DDIM_DATA_CACHE"], ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
