@@ -112,6 +112,39 @@ def setup_runtime(compilation_cache: Optional[str]) -> None:
 DATA_HELP = "Folder of your own training images (a shortcut for --set data.image_dir=PATH)."
 
 
+# The options several commands share, defined once (each call gives a command its own option object).
+def workdir_option(help: str = "Work directory whose latest checkpoint to use."):
+    return typer.Option(None, "--workdir", "-w", help=help)
+
+
+def checkpoint_option():
+    return typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir).")
+
+
+def sampler_option():
+    return typer.Option("ddim", "--sampler", help=SAMPLER_HELP)
+
+
+def spacing_option():
+    return typer.Option("uniform", "--spacing", help=SPACING_HELP)
+
+
+def eta_option():
+    return typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16).")
+
+
+def batch_size_option(help: str = "Images processed at once (bounds memory)."):
+    return typer.Option(64, "--batch-size", "-b", help=help)
+
+
+def overwrite_option(help: str = "Replace existing files in --out."):
+    return typer.Option(False, "--overwrite", help=help)
+
+
+def compilation_cache_option():
+    return typer.Option(None, "--compilation-cache", help=CACHE_HELP)
+
+
 def with_data(overrides: list[str], data: Optional[Path]) -> list[str]:
     """``--data PATH`` as the override ``data.image_dir=PATH`` (quoted as a TOML string)."""
     if data is None:

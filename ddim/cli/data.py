@@ -8,7 +8,14 @@ from typing import List, Optional
 
 import typer
 
-from ddim.cli.app import app, default_workdir, fail, user_errors, with_data
+from ddim.cli.app import (
+    app,
+    default_workdir,
+    fail,
+    user_errors,
+    with_data,
+    workdir_option,
+)
 
 
 def _size_summary(sizes, image_size: int) -> str:
@@ -63,7 +70,7 @@ def format_summary(data, config, report_path: Path | None) -> list[tuple[str, st
 def data_command(
     path: Path = typer.Argument(..., help="The image folder to check."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config whose data and image size to use (default: the flowers64 settings)."),
-    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory whose cache to fill (default: the one `ddim train --data PATH` would use)."),
+    workdir: Optional[Path] = workdir_option("Work directory whose cache to fill (default: the one `ddim train --data PATH` would use)."),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of the summary."),
 ):

@@ -8,30 +8,34 @@ from typing import Optional
 import typer
 
 from ddim.cli.app import (
-    CACHE_HELP,
-    SAMPLER_HELP,
-    SPACING_HELP,
     app,
+    batch_size_option,
     check_sampler_options,
+    checkpoint_option,
     checkpoint_source,
+    compilation_cache_option,
+    eta_option,
     fail,
     require_positive,
+    sampler_option,
     setup_runtime,
+    spacing_option,
     user_errors,
+    workdir_option,
 )
 
 
 @app.command("eval")
 def eval_command(
-    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory whose latest checkpoint to score (eval.jsonl and eval_cache/ go there)."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
+    workdir: Optional[Path] = workdir_option("Work directory whose latest checkpoint to score (eval.jsonl and eval_cache/ go there)."),
+    checkpoint: Optional[Path] = checkpoint_option(),
     num: int = typer.Option(5000, "--num", "-n", help="Number of generated images."),
     steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
-    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
-    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
+    eta: float = eta_option(),
+    sampler: str = sampler_option(),
+    spacing: str = spacing_option(),
     seed: int = typer.Option(0, "--seed", help="Random seed of the generated images and of the KID subsets."),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated (and featurised) at once; bounds memory."),
+    batch_size: int = batch_size_option("Images generated (and featurised) at once; bounds memory."),
     real_num: Optional[int] = typer.Option(None, "--real-num", help="Use at most this many real images (a fixed random subset; default: the whole split)."),
     split: str = typer.Option("val", "--split", help="Real images: 'val' (data.val_split, default) or 'train' (data.train_split)."),
     fid_net: str = typer.Option(
@@ -59,7 +63,7 @@ def eval_command(
         help="Keras' InceptionV3 'notop' .h5 weights file, for --fid-net/--kid-net keras (default: "
         "$DDIM_INCEPTION_WEIGHTS, then ~/.keras/models/, then a Keras download).",
     ),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Score a checkpoint's samples: FID (the standard FID Inception) and KID against real images.
 

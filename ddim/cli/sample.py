@@ -9,36 +9,41 @@ from typing import Optional
 import typer
 
 from ddim.cli.app import (
-    CACHE_HELP,
-    SAMPLER_HELP,
-    SPACING_HELP,
     app,
+    batch_size_option,
     check_sampler_options,
+    checkpoint_option,
     checkpoint_source,
+    compilation_cache_option,
+    eta_option,
+    overwrite_option,
     require_positive,
+    sampler_option,
     setup_runtime,
+    spacing_option,
     user_errors,
+    workdir_option,
 )
 
 
 @app.command()
 def sample(
-    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory whose latest checkpoint to use."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
+    workdir: Optional[Path] = workdir_option(),
+    checkpoint: Optional[Path] = checkpoint_option(),
     out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output directory for NNNN.png and grid.png."),
     num: int = typer.Option(16, "--num", "-n", help="Number of images."),
     steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
     seed: int = typer.Option(0, "--seed", help="Random seed (same seed, checkpoint and steps: same pixels)."),
-    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
-    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", help="Images generated at once (bounds memory)."),
+    eta: float = eta_option(),
+    sampler: str = sampler_option(),
+    spacing: str = spacing_option(),
+    batch_size: int = batch_size_option("Images generated at once (bounds memory)."),
     grid: bool = typer.Option(True, "--grid/--no-grid", help="Also write grid.png."),
     trajectory: bool = typer.Option(
         False, "--trajectory", help="Also write trajectory.gif: the predicted images after every step."
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    overwrite: bool = overwrite_option(),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Generate images with the EMA weights of a checkpoint and write them as PNGs."""
     require_positive(num=num, steps=steps, batch_size=batch_size)

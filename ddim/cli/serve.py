@@ -7,19 +7,29 @@ from typing import Optional
 
 import typer
 
-from ddim.cli.app import CACHE_HELP, app, checkpoint_source, fail, require_positive, setup_runtime, user_errors
+from ddim.cli.app import (
+    app,
+    checkpoint_option,
+    checkpoint_source,
+    compilation_cache_option,
+    fail,
+    require_positive,
+    setup_runtime,
+    user_errors,
+    workdir_option,
+)
 
 
 @app.command()
 def serve(
-    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory whose latest checkpoint to use."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir)."),
+    workdir: Optional[Path] = workdir_option(),
+    checkpoint: Optional[Path] = checkpoint_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but localhost exposes the page (a warning says so)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port to listen on (default: 7860, or the next free one if it is taken)."),
     max_images: int = typer.Option(64, "--max-images", help="Most images one request may ask for."),
     max_steps: int = typer.Option(1000, "--max-steps", help="Most diffusion steps one request may ask for."),
     share: bool = typer.Option(False, "--share", help="Also open a public gradio.live link (needs internet; anyone with the link can use the page)."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Serve a local web page to sample, interpolate, reconstruct, edit and inpaint with a checkpoint.
 

@@ -17,30 +17,24 @@ from typing import Iterator, List, Optional
 import typer
 
 from ddim.cli.app import (
-    CACHE_HELP,
-    SAMPLER_HELP,
-    SPACING_HELP,
     app,
+    batch_size_option,
     check_sampler_options,
+    checkpoint_option,
     checkpoint_source,
+    compilation_cache_option,
+    eta_option,
     fail,
+    overwrite_option,
     require_positive,
+    sampler_option,
     setup_runtime,
+    spacing_option,
     user_errors,
+    workdir_option,
 )
 
-WORKDIR_HELP = "Work directory whose latest checkpoint to use."
-CHECKPOINT_HELP = "A checkpoint step directory (overrides --workdir)."
 STEPS_HELP = "Sampling steps (network calls per image); inversion and generation share the time grid."
-BATCH_HELP = "Images processed at once (bounds memory)."
-
-
-def _workdir_option():
-    return typer.Option(None, "--workdir", "-w", help=WORKDIR_HELP)
-
-
-def _checkpoint_option():
-    return typer.Option(None, "--checkpoint", help=CHECKPOINT_HELP)
 
 
 def _check_inputs(paths: List[Path], what: str = "image") -> None:
@@ -111,13 +105,13 @@ def _check_out_file(out: Path, overwrite: bool) -> None:
 def invert(
     images: List[Path] = typer.Argument(..., help="Image files to encode."),
     out: Path = typer.Option(Path("latents.npz"), "--out", "-o", help="Output .npz file (latents, files, steps, spacing)."),
-    workdir: Optional[Path] = _workdir_option(),
-    checkpoint: Optional[Path] = _checkpoint_option(),
+    workdir: Optional[Path] = workdir_option(),
+    checkpoint: Optional[Path] = checkpoint_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    spacing: str = spacing_option(),
+    batch_size: int = batch_size_option(),
+    overwrite: bool = overwrite_option("Replace an existing --out file."),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Encode images to the latents DDIM regenerates them from (deterministic DDIM inversion, DDIM eq. 13).
 
@@ -147,13 +141,13 @@ def invert(
 def reconstruct(
     images: List[Path] = typer.Argument(..., help="Image files to encode and decode."),
     out: Path = typer.Option(Path("reconstructions"), "--out", "-o", help="Output directory (<name>.png, comparison.png)."),
-    workdir: Optional[Path] = _workdir_option(),
-    checkpoint: Optional[Path] = _checkpoint_option(),
+    workdir: Optional[Path] = workdir_option(),
+    checkpoint: Optional[Path] = checkpoint_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    spacing: str = spacing_option(),
+    batch_size: int = batch_size_option(),
+    overwrite: bool = overwrite_option(),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Invert images and generate them back; prints each image's error and the mean.
 
@@ -201,14 +195,14 @@ def interpolate(
     end: str = typer.Option(..., "--to", help="A seed (integer) or an image file (it is inverted)."),
     frames: int = typer.Option(16, "--frames", help="Frames, both ends included (>= 2)."),
     out: Path = typer.Option(Path("interpolation"), "--out", "-o", help="Output directory (NNNN.png, interpolation.gif)."),
-    workdir: Optional[Path] = _workdir_option(),
-    checkpoint: Optional[Path] = _checkpoint_option(),
+    workdir: Optional[Path] = workdir_option(),
+    checkpoint: Optional[Path] = checkpoint_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
+    spacing: str = spacing_option(),
+    batch_size: int = batch_size_option(),
     duration: int = typer.Option(120, "--frame-ms", help="Milliseconds per GIF frame."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    overwrite: bool = overwrite_option(),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Morph between two seeds or images: spherical interpolation of their latents, decoded with DDIM."""
     require_positive(steps=steps, batch_size=batch_size, frame_ms=duration)
@@ -250,16 +244,16 @@ def edit(
     strength: float = typer.Option(0.6, "--strength", help="How far to noise the input, in (0, 1]: ~0.3 keeps the "
                                    "composition, ~0.7 only colours and layout, 1 ignores it."),
     out: Path = typer.Option(Path("edits"), "--out", "-o", help="Output directory (<name>.png)."),
-    workdir: Optional[Path] = _workdir_option(),
-    checkpoint: Optional[Path] = _checkpoint_option(),
+    workdir: Optional[Path] = workdir_option(),
+    checkpoint: Optional[Path] = checkpoint_option(),
     steps: int = typer.Option(20, "--steps", help="Network calls from --strength down to a clean image."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the added noise."),
-    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
-    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    sampler: str = sampler_option(),
+    spacing: str = spacing_option(),
+    eta: float = eta_option(),
+    batch_size: int = batch_size_option(),
+    overwrite: bool = overwrite_option(),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Image-to-image (SDEdit): noise each image to --strength and denoise it into the model's world."""
     _sampling_options_check(steps, batch_size, sampler, spacing, eta)
@@ -288,16 +282,16 @@ def inpaint(
     images: List[Path] = typer.Argument(..., help="Image files to complete."),
     mask: Path = typer.Option(..., "--mask", "-m", help="Mask image of the same size: white = the region to fill."),
     out: Path = typer.Option(Path("inpainted"), "--out", "-o", help="Output directory (<name>.png)."),
-    workdir: Optional[Path] = _workdir_option(),
-    checkpoint: Optional[Path] = _checkpoint_option(),
+    workdir: Optional[Path] = workdir_option(),
+    checkpoint: Optional[Path] = checkpoint_option(),
     steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the filled region."),
-    sampler: str = typer.Option("ddim", "--sampler", help=SAMPLER_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
-    eta: float = typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16)."),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", help=BATCH_HELP),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files in --out."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    sampler: str = sampler_option(),
+    spacing: str = spacing_option(),
+    eta: float = eta_option(),
+    batch_size: int = batch_size_option(),
+    overwrite: bool = overwrite_option(),
+    compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Fill the white region of --mask in each image consistently with the rest (the rest is kept)."""
     _sampling_options_check(steps, batch_size, sampler, spacing, eta)

@@ -8,16 +8,25 @@ from typing import List, Optional
 
 import typer
 
-from ddim.cli.app import CACHE_HELP, DATA_HELP, app, default_workdir, setup_runtime, user_errors, with_data
+from ddim.cli.app import (
+    DATA_HELP,
+    app,
+    compilation_cache_option,
+    default_workdir,
+    setup_runtime,
+    user_errors,
+    with_data,
+    workdir_option,
+)
 
 
 @app.command()
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: the flowers64 reference setup)."),
-    workdir: Optional[Path] = typer.Option(None, "--workdir", "-w", help="Work directory (default: runs/<config name>, with an image folder runs/<config name>-<folder name>)."),
+    workdir: Optional[Path] = workdir_option("Work directory (default: runs/<config name>, with an image folder runs/<config name>-<folder name>)."),
     data: Optional[Path] = typer.Option(None, "--data", "-d", help=DATA_HELP),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
-    compilation_cache: Optional[str] = typer.Option(None, "--compilation-cache", help=CACHE_HELP),
+    compilation_cache: Optional[str] = compilation_cache_option(),
     coordinator: Optional[str] = typer.Option(
         None, "--coordinator", help="Multi-host: address host:port of process 0 (or set DDIM_DISTRIBUTED=1)."
     ),
