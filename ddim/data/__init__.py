@@ -127,7 +127,7 @@ class Data:
             "candidates": self.candidates,
             "usable": self.usable,
             "train": len(self.train or ()),
-            "val": len(self.val or ()),
+            "val": len(self.val) if self.val is not None else None,  # None: not loaded (train.eval_every = 0)
             "val_fraction": self.val_fraction,
             "skipped_count": len(self.skipped),
             "skipped_by_reason": self.skipped_by_reason(),
