@@ -145,9 +145,10 @@ def read_mask(path: str | Path) -> np.ndarray:
 def center_crop_resize(image, size: int) -> np.ndarray:
     """The training preprocessing of one uint8 ``(H, W, C)`` image: centre crop to a square, antialiased resize.
 
-    The same function as the input pipeline's (:func:`ddim.data.preprocess`), so
-    a photo gives the model the pixels it would have seen in training.
+    The same function as the input pipeline's
+    (:func:`ddim.data.preprocess.center_crop_resize`), so a photo gives the
+    model the pixels it would have seen in training.
     """
-    from ddim.data import preprocess
+    from ddim.data.preprocess import center_crop_resize as preprocess
 
-    return np.asarray(preprocess(np.asarray(image, np.uint8), size))
+    return preprocess(np.asarray(image, np.uint8), size)
