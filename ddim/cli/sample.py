@@ -18,6 +18,7 @@ from ddim.cli.app import (
     eta_option,
     overwrite_option,
     require_positive,
+    sampler_tip,
     sampler_option,
     setup_runtime,
     spacing_option,
@@ -45,7 +46,11 @@ def sample(
     overwrite: bool = overwrite_option(),
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
-    """Generate images with the EMA weights of a checkpoint and write them as PNGs."""
+    """Generate images with the EMA weights of a checkpoint and write them as PNGs.
+
+    For few steps, --sampler dpmpp-2m --spacing logsnr is recommended: at 10 steps it is closer to the
+    converged images than the default DDIM at 20 (README: Samplers).
+    """
     require_positive(num=num, steps=steps, batch_size=batch_size)
     check_sampler_options(sampler, spacing, eta)
     source = checkpoint_source(workdir, checkpoint)
@@ -64,6 +69,9 @@ def sample(
     with user_errors():
         pipe = load(source)
         typer.echo(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})", err=True)
+        tip = sampler_tip(steps, sampler, spacing)
+        if tip:
+            typer.echo(tip, err=True)
         progress = Progress(num, 0, description="sample")
         done = 0
 
