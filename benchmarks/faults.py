@@ -568,7 +568,7 @@ def main(argv=None) -> dict:
         for note in row.notes:
             print(f"- {row.fault}: {note}")
     print(f"\n{sum(r.injected for r in rows)} faults, {sum(r.resumed for r in rows)} resumed runs, "
-          f"{sum(r.data_lost for r in rows)} checkpoint steps lost; {time.monotonic() - started:.0f}s wall, "
+          f"{sum(r.data_lost for r in rows)} complete checkpoints lost; {time.monotonic() - started:.0f}s wall, "
           f"load average at start {load[0]:.1f} on {os.cpu_count()} CPUs")
     result = {"rows": [asdict(r) for r in rows], "reference": timing, "kills": ctx.kill_log}
     if args.out:
