@@ -193,16 +193,23 @@ def small_disk(tmp_path):
 
 
 def _fill(directory: Path) -> Path:
-    """Write a file until the file system is full; returns it."""
+    """Write a file until the file system is full; returns it.
+
+    Unbuffered: a buffered file would try to flush its last partial block again on close and raise
+    ENOSPC there, out of this function, into the training step that called it.
+    """
     filler = directory / "filler"
-    block = b"\0" * (1 << 16)
-    with open(filler, "wb") as file:
-        try:
-            while True:
-                file.write(block)
-                file.flush()
-        except OSError as error:
-            assert error.errno == errno.ENOSPC
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (1 << 16, 1 << 12, 1):  # smaller and smaller writes, to the last byte
+            block = b"\0" * size
+            try:
+                while True:
+                    os.write(fd, block)
+            except OSError as error:
+                assert error.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
     return filler
 
 
