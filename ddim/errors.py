@@ -83,9 +83,17 @@ def environment_error(error: BaseException, path_from_message: bool = False) -> 
     phrase = _PHRASES.get(code, os.strerror(code).lower())
     filename = getattr(error, "filename", None)
     if not filename and path_from_message:
-        paths = _PATH.findall(first_line(error, limit=100000))
-        filename = paths[-1] if paths else None
+        filename = path_in_message(error)
     return f"{phrase}: {filename}" if filename else phrase
+
+
+def path_in_message(error: BaseException) -> str | None:
+    """The last absolute path named in the first line of ``error``'s message (TensorFlow's, TensorStore's).
+
+    TensorFlow's device names (``/job:localhost/replica:0/...``) look like paths and are skipped.
+    """
+    paths = [path for path in _PATH.findall(first_line(error, limit=100000)) if not path.startswith("/job:")]
+    return paths[-1] if paths else None
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:

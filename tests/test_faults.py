@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import ddim
 from ddim import checkpoint as ckpt
 from ddim.cli import app
-from ddim.errors import environment_error
+from ddim.errors import environment_error, path_in_message
 from ddim.train import loop
 from ddim.train import state as state_lib
 from ddim.workdir import LOCK_FILE, Holder, WorkdirError, WorkdirLock, live_holder
@@ -168,6 +168,10 @@ def test_environment_errors_are_phrases():
     assert environment_error(PermissionError(errno.EACCES, "Permission denied", "/x")) == "permission denied: /x"
     assert environment_error(OSError(errno.EROFS, "Read-only file system")) == "read-only file system"
     assert environment_error(ValueError("a bug")) is None
+    truncated = RuntimeError("{{function_node __wrapped__IteratorGetNext_device_/job:localhost/replica:0/task:0/"
+                             "device:CPU:0}} truncated record at 295341' failed with Read less bytes")
+    assert path_in_message(truncated) is None  # a TensorFlow device name is not a file
+    assert path_in_message(RuntimeError("NotFoundError: /data/a.tfrecord; No such file")) == "/data/a.tfrecord"
 
 
 def _mount_tmpfs(path: Path, size_kib: int) -> bool:

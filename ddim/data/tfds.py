@@ -11,7 +11,6 @@ class feature) and their names are stored with the images.
 from __future__ import annotations
 
 import functools
-import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -43,11 +42,12 @@ def _data_error(message: str):
 
 def _unreadable(error, dataset: str, split: str) -> Exception:
     """One line for a TFDS file that cannot be read: what went wrong, which file, what to do."""
-    from ddim.errors import environment_error, first_line
+    from ddim.errors import environment_error, first_line, path_in_message
 
-    message = getattr(error, "message", str(error))
-    files = re.findall(r"(/[^\s;]+)", message)
-    what = f"{environment_error(error) or 'damaged data file'}: {files[-1]}" if files else first_line(error)
+    what = environment_error(error, path_from_message=True)
+    if what is None:  # not an OS error: a truncated or garbled record
+        path = path_in_message(error)
+        what = f"damaged data file: {path}" if path else f"damaged data file ({first_line(error)})"
     return _data_error(
         f"cannot read split {split!r} of {dataset!r}: {what} (the prepared copy is incomplete: prepare it again)"
     )
