@@ -25,6 +25,10 @@ class UserError(Exception):
     """A failure the user can act on; its message is one line, meant to be printed as it is."""
 
 
+class InputError(UserError, ValueError):
+    """An input image, mask or argument of a pipeline verb cannot be used (one sentence says why)."""
+
+
 def debug() -> bool:
     """Whether tracebacks and library error logs are wanted (``DDIM_DEBUG=1`` or ``ddim --debug``)."""
     return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")

@@ -6,16 +6,13 @@ import math
 import os
 from pathlib import Path
 
-from ddim.errors import UserError
 import numpy as np
+
+from ddim.errors import InputError, UserError
 
 
 class OutputError(UserError, RuntimeError):
     """An output directory cannot be used (the message says which and why)."""
-
-
-class InputError(UserError, ValueError):
-    """An input image, mask or argument of a pipeline verb cannot be used (one sentence says why)."""
 
 
 def to_uint8(images) -> np.ndarray:

@@ -81,12 +81,13 @@ def cheap_kid(
     smaller set; images are generated and featurised batch by batch.
     """
     from ddim.sampling import generate_images
+    from ddim.spec import SamplingSpec
 
     if num_images < 2:
         raise EvaluationError(f"KID needs at least 2 generated images, got {num_images}")
 
     def generate(count: int, batch_seed_: int) -> np.ndarray:
-        return generate_images(model, variables, count, steps, seed=batch_seed_, eta=eta, batch_size=count)
+        return generate_images(model, variables, count, SamplingSpec(steps=steps, eta=eta), seed=batch_seed_, batch_size=count)
 
     features, _ = generated_features(generate, num_images, batch_size, seed, extractor)
     return metrics.kid(real_features, features, num_subsets, subset_size, rng=seed % 2**32)

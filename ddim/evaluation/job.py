@@ -70,7 +70,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
 def _check_settings(
     num, steps, eta, sampler, spacing, batch_size, real_num, split, kid_subsets, kid_subset_size, fid_net, kid_net
 ) -> None:
-    from ddim.sampling import check_sampler_settings
+    from ddim.spec import SamplingSpec
 
     for option, value in (("fid_net", fid_net), ("kid_net", kid_net)):
         if value not in NETWORKS:
@@ -78,7 +78,7 @@ def _check_settings(
     if num < 2:
         raise EvaluationError(f"the number of generated images must be >= 2 for KID and FID, got {num}")
     try:
-        check_sampler_settings(steps, sampler, spacing, eta)
+        SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, eta=eta)
     except ValueError as error:
         raise EvaluationError(str(error)) from None
     if batch_size < 1:

@@ -262,11 +262,13 @@ class SampleGrid(PeriodicAction):
 
     def run(self, info: StepInfo) -> Report:
         from ddim.sampling import generate_images
+        from ddim.spec import SamplingSpec
 
         t = self.config.train
         started = time.perf_counter()
         images = generate_images(
-            self.model, state_lib.ema_variables(info.state), t.grid_rows * t.grid_cols, t.sample_steps, seed=self.seed
+            self.model, state_lib.ema_variables(info.state), t.grid_rows * t.grid_cols, SamplingSpec(steps=t.sample_steps),
+            seed=self.seed,
         )
         grid = make_grid(images, rows=t.grid_rows, cols=t.grid_cols)
         if not self.is_writer:  # it took part in the computation; process 0 writes

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Callable
 
 from ddim.errors import UserError, environment_error, first_line
+from ddim.workdir.layout import LOCK_FILE
 
 try:  # POSIX; elsewhere the file's content is the only lock
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
-
-LOCK_FILE = "train.lock"
 
 # A trainer that starts while a reader briefly holds a shared lock (see live_holder) retries this long.
 _BUSY_RETRY_SECONDS = 0.5

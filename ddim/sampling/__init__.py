@@ -18,10 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ddim import parallel, samplers
+from ddim import parallel
 from ddim.config import Config
-from ddim.images import InputError, center_crop_resize, read_image, read_mask, to_uint8
+from ddim.errors import InputError
+from ddim.images import center_crop_resize, read_image, read_mask, to_uint8
 from ddim.model import DiffusionModel
+from ddim.spec import SamplingSpec
 
 
 @functools.cache
@@ -46,25 +48,6 @@ def generate_fn(model: DiffusionModel, out_sharding=None) -> Callable:
         static_argnames=("num_images", "diffusion_steps", "sampler", "spacing"),
         out_shardings=out_sharding,
     )
-
-
-def check_sampler_settings(steps: int, sampler: str, spacing: str, eta: float) -> None:
-    """``ValueError`` (one sentence) for a bad step count, sampler or spacing name, or eta."""
-    check_steps(steps)
-    try:
-        solver = samplers.get_sampler(sampler)
-        samplers.check_spacing(spacing)
-    except ValueError as error:
-        raise InputError(str(error)) from None
-    if not eta >= 0:
-        raise InputError(f"eta must be >= 0, got {eta}")
-    if eta > 0 and not solver.stochastic:
-        raise InputError(f"eta > 0 needs the ddim sampler ({sampler} is deterministic), got eta {eta}")
-
-
-def check_steps(steps: int) -> None:
-    if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise InputError(f"the number of diffusion steps must be an integer >= 1, got {steps!r}")
 
 
 # --- the jitted verbs ---------------------------------------------------------------------------
@@ -139,33 +122,29 @@ def generate_images(
     model: DiffusionModel,
     variables: dict[str, Any],
     num_images: int,
-    steps: int,
+    spec: SamplingSpec,
     seed: int = 0,
-    eta: float = 0.0,
     batch_size: int | None = None,
     on_batch: Callable[[int], None] | None = None,
-    sampler: str = "ddim",
-    spacing: str = "uniform",
     latents: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Generate ``num_images`` uint8 images in batches of at most ``batch_size``.
+    """Generate ``num_images`` uint8 images with ``spec`` in batches of at most ``batch_size``.
 
     Batch ``i`` uses ``fold_in(key(seed), i)``, so the images depend only on
-    the seed, the batch size, the sampler settings and the checkpoint.
+    the seed, the batch size, the sampling spec and the checkpoint.
     ``latents`` (``(num_images, H, W, C)``, checked by the caller) replace the
     seeded initial noise. ``on_batch(n)`` is called after each batch of ``n``
     images (for progress bars).
     """
     if num_images < 1:
         raise InputError(f"the number of images must be >= 1, got {num_images}")
-    check_sampler_settings(steps, sampler, spacing, eta)
     batch_size = min(batch_size or num_images, num_images)
     if batch_size < 1:
         raise InputError(f"the batch size must be >= 1, got {batch_size}")
     if latents is not None:
-        statics = (("steps", steps), ("sampler", sampler), ("spacing", spacing))
+        statics = (("steps", spec.steps), ("sampler", spec.sampler), ("spacing", spec.spacing))
         images = _map_batches(_generate_from_latents, model, variables, [latents], batch_size, seed,
-                              (jnp.float32(eta),), on_batch, statics)
+                              (jnp.float32(spec.eta),), on_batch, statics)
         return to_uint8(images)
     mesh = parallel.data_mesh()
     variables = parallel.replicate(variables, mesh)
@@ -176,7 +155,8 @@ def generate_images(
         # Split the batch over the devices when it divides evenly; otherwise every device does all.
         sharding = parallel.batch_sharded(mesh) if count % mesh.devices.size == 0 else parallel.replicated(mesh)
         fn = generate_fn(model, sharding)
-        images = fn(variables, jax.random.fold_in(base, index), count, steps, jnp.float32(eta), sampler, spacing)
+        images = fn(variables, jax.random.fold_in(base, index), count, spec.steps, jnp.float32(spec.eta),
+                    spec.sampler, spec.spacing)
         outputs.append(to_uint8(parallel.to_host(images)))
         if on_batch is not None:
             on_batch(count)
@@ -350,26 +330,28 @@ class Pipeline:
     def generate(
         self,
         num_images: int | None = None,
-        steps: int = 20,
+        steps: int | None = None,
         seed: int = 0,
-        eta: float = 0.0,
+        eta: float | None = None,
         batch_size: int | None = None,
         on_batch: Callable[[int], None] | None = None,
-        sampler: str = "ddim",
-        spacing: str = "uniform",
+        sampler: str | None = None,
+        spacing: str | None = None,
         latents: np.ndarray | None = None,
+        *,
+        spec: SamplingSpec | None = None,
     ) -> np.ndarray:
         """Sample images with the EMA weights: uint8 ``(num_images, H, W, C)``.
 
         - ``num_images`` >= 1 (default 16, or the number of ``latents``).
-        - ``steps`` >= 1: network calls per image (the cost of sampling).
+        - ``spec``: a :class:`ddim.spec.SamplingSpec`; ``steps``, ``sampler``,
+          ``spacing`` and ``eta`` change single fields of it (default: 20 steps of
+          deterministic DDIM on the uniform grid). ``steps`` >= 1 is the cost of
+          sampling; ``sampler`` is ``"ddim"`` (DDIM eq. 12), ``"dpmpp-2m"`` or
+          ``"dpmpp-3m"`` (see :mod:`ddim.samplers`); ``spacing`` is ``"uniform"``,
+          ``"logsnr"`` or ``"karras"``; ``eta`` >= 0 is DDIM's fresh noise per step
+          (eq. 16; only the ``ddim`` sampler takes ``eta > 0``).
         - ``seed``: same seed, arguments and checkpoint give the same pixels.
-        - ``sampler``: ``"ddim"`` (the default; DDIM eq. 12), ``"dpmpp-2m"``
-          (DPM-Solver++(2M), second order: closer to the converged result in
-          few steps) or ``"dpmpp-3m"`` (third order); see :mod:`ddim.samplers`.
-        - ``spacing``: the time grid, ``"uniform"`` (default), ``"logsnr"`` or ``"karras"``.
-        - ``eta`` >= 0: DDIM's fresh noise per step (eq. 16; 0 is deterministic,
-          1 is DDPM-like); only the ``ddim`` sampler takes ``eta > 0``.
         - ``latents``: float ``(N, H, W, C)`` initial noise instead of the
           seeded one (from :meth:`latents`, :meth:`invert` or :meth:`interpolate`'s
           inputs); ``generate(latents=pipe.latents(n, seed))`` gives the pixels of
@@ -381,15 +363,14 @@ class Pipeline:
         count, an unknown sampler or spacing (listing the valid ones), a bad
         eta, or latents of the wrong shape or count.
         """
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
         if latents is not None:
             latents = check_latents(latents, self.image_shape)
             if num_images is not None and num_images != len(latents):
                 raise InputError(f"num_images is {num_images} but {len(latents)} latents were given")
             num_images = len(latents)
         num_images = 16 if num_images is None else num_images
-        return generate_images(
-            self.model, self.variables, num_images, steps, seed, eta, batch_size, on_batch, sampler, spacing, latents
-        )
+        return generate_images(self.model, self.variables, num_images, spec, seed, batch_size, on_batch, latents)
 
     def latents(self, num_images: int = 1, seed: int = 0, batch_size: int | None = None) -> np.ndarray:
         """The initial noise ``generate(num_images, seed=seed, batch_size=batch_size)`` starts from, float32."""
@@ -406,70 +387,74 @@ class Pipeline:
     def trajectory(
         self,
         num_images: int = 16,
-        steps: int = 20,
+        steps: int | None = None,
         seed: int = 0,
-        eta: float = 0.0,
-        sampler: str = "ddim",
-        spacing: str = "uniform",
+        eta: float | None = None,
+        sampler: str | None = None,
+        spacing: str | None = None,
         batch_size: int | None = None,
         latents: np.ndarray | None = None,
         on_batch: Callable[[int], None] | None = None,
+        *,
+        spec: SamplingSpec | None = None,
     ) -> np.ndarray:
         """The predicted clean images after every step of :meth:`generate`: uint8 ``(steps, N, H, W, C)``.
 
         Same arguments as :meth:`generate`; the last frame is its sample. Shows
         how the reverse process settles the image, coarse to fine.
         """
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
         if latents is None:
             if num_images < 1:
                 raise InputError(f"the number of images must be >= 1, got {num_images}")
             latents = self.latents(num_images, seed, batch_size)
         latents = check_latents(latents, self.image_shape)
-        check_sampler_settings(steps, sampler, spacing, eta)
-        statics = (("steps", steps), ("sampler", sampler), ("spacing", spacing))
+        statics = (("steps", spec.steps), ("sampler", spec.sampler), ("spacing", spec.spacing))
         frames = _map_batches(_trajectory, self.model, self.variables, [latents], self._batch_size(batch_size, len(latents)),
-                              seed, (jnp.float32(eta),), on_batch, statics=statics, batch_axis=1)
+                              seed, (jnp.float32(spec.eta),), on_batch, statics=statics, batch_axis=1)
         return to_uint8(frames)
 
-    def invert(self, images, steps: int = 20, spacing: str = "uniform", batch_size: int | None = None,
-               on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+    def invert(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
+               on_batch: Callable[[int], None] | None = None, *, spec: SamplingSpec | None = None) -> np.ndarray:
         """Encode images to latents: deterministic DDIM run from the data to the noise (DDIM eq. 13).
 
         ``images``: uint8 (or float in [0, 1]) ``(N, H, W, C)``, one image, or a
         list of images or files (see :func:`prepare_images`). The time grid is
-        :meth:`generate`'s for the same ``steps`` (>= 1) and ``spacing``, so
+        :meth:`generate`'s for the same ``steps`` (>= 1) and ``spacing`` (of
+        ``spec``; inversion is always deterministic DDIM), so
         ``generate(latents=invert(x, steps), steps=steps)`` reconstructs ``x``,
         the closer the more steps (:meth:`reconstruct`). Deterministic; returns
         float32 latents ``(N, H, W, C)``. See :meth:`ddim.model.DiffusionModel.invert`.
         """
-        check_sampler_settings(steps, "ddim", spacing, 0.0)
+        spec = _inversion_spec(spec, steps, spacing)
         prepared, _ = prepare_images(images, self.config.model.image_size, self.config.model.channels)
-        return self._invert_prepared(prepared, steps, spacing, batch_size, on_batch)
+        return self._invert_prepared(prepared, spec, batch_size, on_batch)
 
-    def _invert_prepared(self, prepared, steps, spacing, batch_size, on_batch=None):
-        statics = (("steps", steps), ("spacing", spacing))
+    def _invert_prepared(self, prepared, spec: SamplingSpec, batch_size, on_batch=None):
+        statics = (("steps", spec.steps), ("spacing", spec.spacing))
         return _map_batches(_invert, self.model, self.variables, [prepared], self._batch_size(batch_size, len(prepared)),
                             on_batch=on_batch, statics=statics)
 
-    def reconstruct(self, images, steps: int = 20, spacing: str = "uniform", batch_size: int | None = None) -> Reconstruction:
+    def reconstruct(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
+                    *, spec: SamplingSpec | None = None) -> Reconstruction:
         """Invert then generate with the same ``steps`` and ``spacing``: how well the model encodes ``images``.
 
         Returns a :class:`Reconstruction`: the uint8 reconstructions, the
         per-image mean squared error on [0, 1] pixels (the measure of the DDIM
         paper's Table 2), the latents and the inputs as the model saw them.
         """
-        check_sampler_settings(steps, "ddim", spacing, 0.0)
+        spec = _inversion_spec(spec, steps, spacing)
         prepared, _ = prepare_images(images, self.config.model.image_size, self.config.model.channels)
         batch_size = self._batch_size(batch_size, len(prepared))
-        latents = self._invert_prepared(prepared, steps, spacing, batch_size)
-        statics = (("steps", steps), ("sampler", "ddim"), ("spacing", spacing))
+        latents = self._invert_prepared(prepared, spec, batch_size)
+        statics = (("steps", spec.steps), ("sampler", "ddim"), ("spacing", spec.spacing))
         floats = _map_batches(_generate_from_latents, self.model, self.variables, [latents], batch_size, 0,
                               (jnp.float32(0.0),), statics=statics)
         errors = np.mean((floats.astype(np.float64) - prepared) ** 2, axis=(1, 2, 3))
         return Reconstruction(to_uint8(floats), errors, latents, to_uint8(prepared))
 
-    def interpolate(self, a, b, frames: int = 16, steps: int = 20, spacing: str = "uniform",
-                    batch_size: int | None = None) -> np.ndarray:
+    def interpolate(self, a, b, frames: int = 16, steps: int | None = None, spacing: str | None = None,
+                    batch_size: int | None = None, *, spec: SamplingSpec | None = None) -> np.ndarray:
         """Images along the spherical interpolation (slerp) from latent ``a`` to latent ``b``: uint8 ``(frames, H, W, C)``.
 
         ``a`` and ``b``: latents ``(H, W, C)`` (or a batch of one), e.g. from
@@ -479,6 +464,7 @@ class Pipeline:
         """
         from ddim.diffusion import slerp
 
+        spec = _inversion_spec(spec, steps, spacing)
         a, b = check_latents(a, self.image_shape), check_latents(b, self.image_shape)
         if len(a) != 1 or len(b) != 1:
             raise InputError(f"interpolate takes one latent at each end, got {len(a)} and {len(b)}")
@@ -488,52 +474,60 @@ class Pipeline:
             raise InputError("a latent to interpolate is all zeros (it has no direction)")
         path = np.array(slerp(a[0], b[0], np.linspace(0.0, 1.0, frames)))
         path[0], path[-1] = a[0], b[0]  # the ends exactly, not to rounding
-        return self.generate(latents=path, steps=steps, spacing=spacing, batch_size=batch_size)
+        return self.generate(latents=path, spec=spec, batch_size=batch_size)
 
-    def edit(self, images, strength: float = 0.6, steps: int = 20, seed: int = 0, sampler: str = "ddim",
-             spacing: str = "uniform", eta: float = 0.0, batch_size: int | None = None) -> np.ndarray:
+    def edit(self, images, strength: float = 0.6, steps: int | None = None, seed: int = 0, sampler: str | None = None,
+             spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
+             *, spec: SamplingSpec | None = None) -> np.ndarray:
         """Image-to-image editing (SDEdit, Meng et al. 2021): noise ``images`` to ``strength`` and denoise.
 
         ``strength`` in (0, 1]: the diffusion time the inputs are noised to;
         about 0.3 keeps the composition and changes details, 0.6-0.8 keeps
         colours and rough layout, 1 is plain sampling from the seed's noise
-        (equal to ``generate(len(images), seed=seed)``). ``steps`` >= 1 network
-        calls run from ``strength`` to the clean end with ``sampler``/``spacing``/
-        ``eta`` (as :meth:`generate`). Returns uint8 ``(N, H, W, C)``.
+        (equal to ``generate(len(images), seed=seed)``). ``spec.steps`` >= 1 network
+        calls run from ``strength`` to the clean end with the spec's sampler,
+        spacing and eta (as :meth:`generate`). Returns uint8 ``(N, H, W, C)``.
         """
         if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating, np.integer)) \
                 or not 0.0 < strength <= 1.0:
             raise InputError(f"strength must be in (0, 1], got {strength!r}")
-        check_sampler_settings(steps, sampler, spacing, eta)
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
         prepared, _ = prepare_images(images, self.config.model.image_size, self.config.model.channels)
         batch_size = self._batch_size(batch_size, len(prepared))
         if strength == 1.0:  # plain sampling: the input is not used at all
-            return self.generate(len(prepared), steps, seed, eta, batch_size, sampler=sampler, spacing=spacing)
-        statics = (("steps", steps), ("sampler", sampler), ("spacing", spacing))
+            return self.generate(len(prepared), seed=seed, batch_size=batch_size, spec=spec)
+        statics = (("steps", spec.steps), ("sampler", spec.sampler), ("spacing", spec.spacing))
         floats = _map_batches(_edit, self.model, self.variables, [prepared], batch_size, seed,
-                              (jnp.float32(strength), jnp.float32(eta)), statics=statics)
+                              (jnp.float32(strength), jnp.float32(spec.eta)), statics=statics)
         return to_uint8(floats)
 
-    def inpaint(self, images, mask, steps: int = 20, seed: int = 0, sampler: str = "ddim", spacing: str = "uniform",
-                eta: float = 0.0, batch_size: int | None = None) -> np.ndarray:
+    def inpaint(self, images, mask, steps: int | None = None, seed: int = 0, sampler: str | None = None,
+                spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
+                *, spec: SamplingSpec | None = None) -> np.ndarray:
         """Fill the masked region of ``images`` consistently with the rest (RePaint-style, without resampling).
 
         ``mask``: white/True/1 = the region to fill; one mask for all images or
         one per image, as a bool/uint8/float array of the image's height and
         width or a mask image file (see :func:`prepare_masks`). Outside the mask
-        the result keeps the input's pixels. ``steps``, ``seed``, ``sampler``,
-        ``spacing``, ``eta`` as :meth:`generate`. Returns uint8 ``(N, H, W, C)``.
+        the result keeps the input's pixels. ``spec`` (or ``steps``, ``sampler``,
+        ``spacing``, ``eta``) and ``seed`` as :meth:`generate`. Returns uint8 ``(N, H, W, C)``.
         """
-        check_sampler_settings(steps, sampler, spacing, eta)
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
         prepared, sizes = prepare_images(images, self.config.model.image_size, self.config.model.channels)
         masks = prepare_masks(mask, sizes, self.config.model.image_size)
-        statics = (("steps", steps), ("sampler", sampler), ("spacing", spacing))
+        statics = (("steps", spec.steps), ("sampler", spec.sampler), ("spacing", spec.spacing))
         floats = _map_batches(_inpaint, self.model, self.variables, [prepared, masks],
-                              self._batch_size(batch_size, len(prepared)), seed, (jnp.float32(eta),), statics=statics)
+                              self._batch_size(batch_size, len(prepared)), seed, (jnp.float32(spec.eta),), statics=statics)
         return to_uint8(floats)
 
     def __repr__(self) -> str:
         return f"Pipeline(name={self.config.name!r}, step={self.step}, path={str(self.path)!r})"
+
+
+def _inversion_spec(spec: SamplingSpec | None, steps: int | None, spacing: str | None) -> SamplingSpec:
+    """The spec of a deterministic DDIM pass (inversion and decoding): ``spec``'s steps and spacing only."""
+    spec = SamplingSpec.of(spec, steps=steps, spacing=spacing)
+    return SamplingSpec(steps=spec.steps, spacing=spec.spacing, guidance=spec.guidance)
 
 
 def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] | None = None) -> Pipeline:

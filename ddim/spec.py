@@ -1,0 +1,155 @@
+"""What to sample with: :class:`SamplingSpec`, and the registry of samplers and spacings.
+
+One frozen value carries the sampler settings from the command line, the web
+page or a Python call through the pipeline to the compiled program and into
+the evaluation record; it is checked once, when it is made. The registry is
+the one list of sampler and spacing names: the solvers in
+:mod:`ddim.samplers` are built from it, and the command line's help and
+checks read it. Nothing here imports JAX, so ``ddim --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ddim.errors import InputError
+
+
+class SamplerKind(NamedTuple):
+    """A registered sampler: its order, whether it takes ``eta`` (fresh noise), and one line about it."""
+
+    order: int
+    stochastic: bool
+    summary: str
+
+
+SAMPLERS: dict[str, SamplerKind] = {
+    "ddim": SamplerKind(1, True, "DDIM's update (DDIM eq. 12; eq. 16's fresh noise with eta > 0), first order"),
+    "dpmpp-2m": SamplerKind(2, False, "DPM-Solver++(2M) (Lu et al. 2022, Algorithm 2), second order, deterministic"),
+    "dpmpp-3m": SamplerKind(3, False, "DPM-Solver++ third-order multistep, deterministic"),
+}
+"""Every sampler by its name; :mod:`ddim.samplers` builds one solver per entry."""
+
+SPACINGS: dict[str, str] = {
+    "uniform": "DDIM's grid, t = 1, 1 - 1/steps, ..., 1/steps",
+    "logsnr": "uniform in log-SNR, from t = 1 to t = 0",
+    "karras": "Karras et al. 2022 (EDM) eq. 5 with rho = 7, from t = 1 to t = 0",
+}
+"""Every time grid by its name (see :func:`ddim.samplers.time_grid`)."""
+
+DEFAULT_STEPS = 20
+
+
+def _names(registry) -> str:
+    return ", ".join(registry)
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How to run the reverse process: network calls, solver, time grid, fresh noise and guidance.
+
+    Checked when made: a bad value raises :class:`ddim.errors.InputError`
+    whose one sentence says which and why (unknown names list the valid ones).
+    ``steps``, ``sampler`` and ``spacing`` shape the compiled program (one
+    compile per combination, :attr:`static`); ``eta`` and ``guidance`` are
+    traced, so changing them does not recompile.
+    """
+
+    steps: int = DEFAULT_STEPS
+    """Network calls per image (the cost of sampling), >= 1."""
+    sampler: str = "ddim"
+    """A name of :data:`SAMPLERS`."""
+    spacing: str = "uniform"
+    """A name of :data:`SPACINGS`."""
+    eta: float = 0.0
+    """DDIM's fresh noise per step (DDIM eq. 16): 0 is deterministic, 1 DDPM-like; only stochastic samplers take > 0."""
+    guidance: float | None = None
+    """Classifier-free guidance scale (Ho & Salimans 2022) for class-conditional models; None: no guidance."""
+
+    def __post_init__(self):
+        steps = self.steps
+        if isinstance(steps, bool) or not isinstance(steps, int) and not _is_numpy_integer(steps) or steps < 1:
+            raise InputError(f"the number of diffusion steps must be an integer >= 1, got {steps!r}")
+        object.__setattr__(self, "steps", int(steps))
+        if not isinstance(self.sampler, str) or self.sampler not in SAMPLERS:
+            raise InputError(f"unknown sampler {self.sampler!r} (choose from {_names(SAMPLERS)})")
+        if not isinstance(self.spacing, str) or self.spacing not in SPACINGS:
+            raise InputError(f"unknown spacing {self.spacing!r} (choose from {_names(SPACINGS)})")
+        eta = _number("eta", self.eta)
+        if not eta >= 0:
+            raise InputError(f"eta must be >= 0, got {self.eta}")
+        if eta > 0 and not SAMPLERS[self.sampler].stochastic:
+            raise InputError(f"eta > 0 needs the ddim sampler ({self.sampler} is deterministic), got eta {eta:g}")
+        object.__setattr__(self, "eta", eta)
+        if self.guidance is not None:
+            guidance = _number("guidance", self.guidance)
+            if not guidance >= 0:
+                raise InputError(f"the guidance scale must be >= 0, got {self.guidance}")
+            object.__setattr__(self, "guidance", guidance)
+
+    @property
+    def static(self) -> tuple[int, str, str]:
+        """``(steps, sampler, spacing)``: what a compiled program is specialised on."""
+        return (self.steps, self.sampler, self.spacing)
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the sampler draws fresh noise (its ``eta`` is above 0)."""
+        return self.eta > 0
+
+    def replace(self, **changes: Any) -> "SamplingSpec":
+        """A checked copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def of(cls, spec: "SamplingSpec | None" = None, **fields: Any) -> "SamplingSpec":
+        """``spec`` (default: the defaults) with the given fields changed; ``None`` values leave a field as it is.
+
+        The verbs take either a whole spec or loose keywords (``steps=20``) and
+        make one value of them here.
+        """
+        changes = {name: value for name, value in fields.items() if value is not None}
+        base = spec if spec is not None else cls()
+        return dataclasses.replace(base, **changes) if changes else base
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, as written into ``eval.jsonl`` and other records."""
+        return dataclasses.asdict(self)
+
+    def cli_options(self, *, skip_defaults: bool = True) -> list[str]:
+        """The ``ddim sample`` options that reproduce this spec (defaults left out unless asked for)."""
+        default, options = SamplingSpec(), []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None or (skip_defaults and value == getattr(default, field.name)):
+                continue
+            options += [f"--{field.name}", f"{value:g}" if isinstance(value, float) else str(value)]
+        return options
+
+    def describe(self) -> str:
+        """One short phrase, e.g. ``20 steps of dpmpp-2m/logsnr``."""
+        text = f"{self.steps} steps of {self.sampler}/{self.spacing}"
+        if self.eta:
+            text += f", eta {self.eta:g}"
+        if self.guidance is not None:
+            text += f", guidance {self.guidance:g}"
+        return text
+
+
+def _is_numpy_integer(value) -> bool:
+    return type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iu"
+
+
+def _number(name: str, value) -> float:
+    if isinstance(value, bool):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(number) or math.isinf(number):
+        raise InputError(f"{name} must be a finite number, got {value!r}")
+    return number
