@@ -56,6 +56,19 @@ class ModelConfig:
     """Compute dtype of the network: "float32" or "bfloat16" (parameters and loss stay float32).
 
     bfloat16 is for GPUs/TPUs; on CPUs XLA's bfloat16 convolutions are slower than float32."""
+    prediction: str = "noise"
+    """What the network predicts: "noise" (eps, the Keras example) or "velocity" (v = alpha eps - sigma x_0,
+    Salimans & Ho 2022). Samplers and tools convert either to (noise, image) (ddim/objective.py)."""
+    attention_resolutions: tuple[int, ...] = ()
+    """Feature-map sides (pixels) whose residual blocks are followed by multi-head self-attention, e.g. [8, 16]
+    (DDPM puts it at 16x16; ADM at 32, 16, 8). Empty: no attention (the Keras example)."""
+    attention_heads: int = 1
+    """Heads of each self-attention layer (ADM Table 1: more heads help); must divide the level's width."""
+    dropout: float = 0.0
+    """Dropout rate inside each residual block, before its second convolution (DDPM uses 0.1 on CIFAR-10)."""
+    embedding_injection: str = "input"
+    """How the noise embedding reaches the network: "input" (concatenated to the input, the Keras example) or
+    "every-block" (also a per-block scale and shift of the normalised features, ADM's AdaGN)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +123,25 @@ class TrainConfig:
     batch_size: int = 64
     """Global batch size (images per optimiser step)."""
     learning_rate: float = 1e-3
-    """AdamW learning rate (constant)."""
+    """AdamW peak learning rate."""
+    lr_schedule: str = "constant"
+    """Learning rate after the warm-up: "constant" (the Keras example) or "cosine" (decays to 0 at the run's
+    last step, train.max_steps or num_epochs' steps; optax.warmup_cosine_decay_schedule)."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up from 0 (0: none)."""
+    grad_clip: float = 0.0
+    """Clip the gradient's global norm to this (optax.clip_by_global_norm); 0: no clipping."""
+    loss: str = "mae"
+    """Error of the prediction target: "mae" (the Keras example) or "mse" (DDPM's L_simple)."""
+    loss_weighting: str = "none"
+    """Per-example weight of the loss by noise level: "none", "min-snr" (Hang et al. 2023) or "p2" (Choi et al.
+    2022); see ddim/objective.py for what each does over this schedule's SNR range (0.0004 to 9.3)."""
+    snr_gamma: float = 5.0
+    """min-snr: the SNR above which the clean-image weight stops growing (Hang et al.: 5)."""
+    p2_k: float = 1.0
+    """p2: the k of the weight 1 / (k + SNR)^gamma of the noise loss (Choi et al.: 1)."""
+    p2_gamma: float = 1.0
+    """p2: the gamma of that weight (Choi et al.: 0.5 or 1)."""
     weight_decay: float = 1e-4
     """AdamW decoupled weight decay."""
     adam_eps: float = 1e-7
@@ -336,3 +367,35 @@ def validate(config: Config) -> None:
         raise ConfigError(f"data.max_bad_fraction must be in [0, 1], got {d.max_bad_fraction}")
     if t.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}")
+    _validate_recipe(config)
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+
+def _validate_recipe(config: Config) -> None:
+    """The prediction target, loss, schedule and network options (see the fields' docs)."""
+    m, t = config.model, config.train
+    _choice("model.prediction", m.prediction, ("noise", "velocity"))
+    _choice("model.embedding_injection", m.embedding_injection, ("input", "every-block"))
+    _choice("train.loss", t.loss, ("mae", "mse"))
+    _choice("train.loss_weighting", t.loss_weighting, ("none", "min-snr", "p2"))
+    _choice("train.lr_schedule", t.lr_schedule, ("constant", "cosine"))
+    sides = {m.image_size // 2**level: m.widths[level] for level in range(len(m.widths))}
+    for side in m.attention_resolutions:
+        if side not in sides:
+            raise ConfigError(f"model.attention_resolutions: no UNet level is {side}x{side} "
+                              f"(the levels are {', '.join(str(s) for s in sides)})")
+        if m.attention_heads < 1 or sides[side] % m.attention_heads:
+            raise ConfigError(f"model.attention_heads ({m.attention_heads}) must divide the width {sides[side]} "
+                              f"of the {side}x{side} level")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
+    for key, value in {"train.warmup_steps": t.warmup_steps, "train.grad_clip": t.grad_clip}.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    for key, value in {"train.snr_gamma": t.snr_gamma, "train.p2_k": t.p2_k, "train.p2_gamma": t.p2_gamma}.items():
+        if not value > 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")

@@ -63,9 +63,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ddim import diffusion
+from ddim import diffusion, spec
 
-SPACINGS = ("uniform", "logsnr", "karras")
+SPACINGS = tuple(spec.SPACINGS)
 KARRAS_RHO = 7.0
 
 
@@ -285,7 +285,16 @@ class DPMSolverPP(Sampler):
         return next_x, (previous, previous_lambdas, count + 1)
 
 
-SAMPLERS: dict[str, Sampler] = {s.name: s for s in (DDIM(), DPMSolverPP(2), DPMSolverPP(3))}
+def _solver(name: str, kind: spec.SamplerKind) -> Sampler:
+    """The solver of a registry entry: DDIM is the first-order (and only stochastic) one, the others DPM-Solver++."""
+    solver = DDIM() if kind.order == 1 else DPMSolverPP(kind.order)
+    if (solver.name, solver.stochastic) != (name, kind.stochastic):
+        raise AssertionError(f"the registry entry {name!r} does not describe {solver!r}")
+    return solver
+
+
+SAMPLERS: dict[str, Sampler] = {name: _solver(name, kind) for name, kind in spec.SAMPLERS.items()}
+"""Every sampler of :data:`ddim.spec.SAMPLERS`, built from its registry entry."""
 
 
 def get_sampler(name: str) -> Sampler:

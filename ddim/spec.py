@@ -43,6 +43,14 @@ SPACINGS: dict[str, str] = {
 DEFAULT_STEPS = 20
 
 
+class SpecError(InputError):
+    """A bad sampling setting: the message for Python callers, and ``cli_message`` naming the command-line option."""
+
+    def __init__(self, message: str, cli_message: str):
+        super().__init__(message)
+        self.cli_message = cli_message
+
+
 def _names(registry) -> str:
     return ", ".join(registry)
 
@@ -51,8 +59,9 @@ def _names(registry) -> str:
 class SamplingSpec:
     """How to run the reverse process: network calls, solver, time grid, fresh noise and guidance.
 
-    Checked when made: a bad value raises :class:`ddim.errors.InputError`
-    whose one sentence says which and why (unknown names list the valid ones).
+    Checked when made: a bad value raises :class:`SpecError` (an
+    :class:`ddim.errors.InputError`) whose one sentence says which and why
+    (unknown names list the valid ones).
     ``steps``, ``sampler`` and ``spacing`` shape the compiled program (one
     compile per combination, :attr:`static`); ``eta`` and ``guidance`` are
     traced, so changing them does not recompile.
@@ -72,22 +81,27 @@ class SamplingSpec:
     def __post_init__(self):
         steps = self.steps
         if isinstance(steps, bool) or not isinstance(steps, int) and not _is_numpy_integer(steps) or steps < 1:
-            raise InputError(f"the number of diffusion steps must be an integer >= 1, got {steps!r}")
+            raise SpecError(f"the number of diffusion steps must be an integer >= 1, got {steps!r}",
+                            f"--steps must be >= 1 (got {steps})")
         object.__setattr__(self, "steps", int(steps))
-        if not isinstance(self.sampler, str) or self.sampler not in SAMPLERS:
-            raise InputError(f"unknown sampler {self.sampler!r} (choose from {_names(SAMPLERS)})")
-        if not isinstance(self.spacing, str) or self.spacing not in SPACINGS:
-            raise InputError(f"unknown spacing {self.spacing!r} (choose from {_names(SPACINGS)})")
+        for field, registry in (("sampler", SAMPLERS), ("spacing", SPACINGS)):
+            name = getattr(self, field)
+            if not isinstance(name, str) or name not in registry:
+                choices = _names(registry)
+                raise SpecError(f"unknown {field} {name!r} (choose from {choices})",
+                                f"unknown --{field} {name!r} (choose from {choices})")
         eta = _number("eta", self.eta)
         if not eta >= 0:
-            raise InputError(f"eta must be >= 0, got {self.eta}")
+            raise SpecError(f"eta must be >= 0, got {self.eta}", f"--eta must be >= 0 (got {self.eta})")
         if eta > 0 and not SAMPLERS[self.sampler].stochastic:
-            raise InputError(f"eta > 0 needs the ddim sampler ({self.sampler} is deterministic), got eta {eta:g}")
+            raise SpecError(f"eta > 0 needs the ddim sampler ({self.sampler} is deterministic), got eta {eta:g}",
+                            f"--eta > 0 needs --sampler ddim ({self.sampler} is deterministic)")
         object.__setattr__(self, "eta", eta)
         if self.guidance is not None:
             guidance = _number("guidance", self.guidance)
             if not guidance >= 0:
-                raise InputError(f"the guidance scale must be >= 0, got {self.guidance}")
+                raise SpecError(f"the guidance scale must be >= 0, got {self.guidance}",
+                                f"--guidance must be >= 0 (got {self.guidance})")
             object.__setattr__(self, "guidance", guidance)
 
     @property
@@ -144,12 +158,12 @@ def _is_numpy_integer(value) -> bool:
 
 
 def _number(name: str, value) -> float:
-    if isinstance(value, bool):
-        raise InputError(f"{name} must be a number, got {value!r}")
+    problem = f"{name} must be a number, got {value!r}"
     try:
-        number = float(value)
+        number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number, got {value!r}") from None
+        number = math.nan
     if math.isnan(number) or math.isinf(number):
-        raise InputError(f"{name} must be a finite number, got {value!r}")
+        raise SpecError(problem if not isinstance(value, (int, float)) or isinstance(value, bool)
+                        else f"{name} must be a finite number, got {value!r}", f"--{problem}")
     return number

@@ -1,4 +1,4 @@
-"""Shapes, dtypes and defining properties of the network modules (ddim/model.py)."""
+"""Shapes, dtypes and defining properties of the network (ddim/nn/) and the model (ddim/model.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from ddim.config import ModelConfig
-from ddim.model import DiffusionModel, ResidualBlock, UNet, init_variables, sinusoidal_embedding
-from ddim.sampling import generate_fn
+from ddim.model import DiffusionModel, init_variables
+from ddim.nn import ResidualBlock, UNet, sinusoidal_embedding
+from ddim.sampling import generate_fn, process
+from ddim.spec import SamplingSpec
 from tests.conftest import run_once, tiny_config
 
 TINY_MODEL = ModelConfig(image_size=16, widths=(8, 16), block_depth=1, embedding_dims=8)
@@ -60,14 +62,18 @@ def test_diffusion_model_forward_outputs():
     model = DiffusionModel(TINY_MODEL)
     variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
     images = jax.random.uniform(jax.random.key(1), (4, 16, 16, 3))
-    (noises, clean, pred_noises, pred_images), updates = run_once(
+    (batch, outputs), updates = run_once(
         lambda v, x, k: model.apply(v, x, k, train=True, mutable=["batch_stats"]), variables, images, jax.random.key(2)
     )
-    for array in (noises, clean, pred_noises, pred_images):
+    pred_noises, pred_images = model.objective.predictions(outputs, batch.noisy_images, batch.noise_rates,
+                                                           batch.signal_rates)
+    for array in (batch.noises, batch.images, batch.noisy_images, outputs, pred_noises, pred_images):
         assert array.shape == (4, 16, 16, 3) and array.dtype == jnp.float32
     # The untrained (zero-head) model predicts zero noise, so its image estimate is x_t / signal_rate.
     np.testing.assert_array_equal(pred_noises, 0.0)
+    np.testing.assert_allclose(pred_images, batch.noisy_images / batch.signal_rates, rtol=1e-6)
     # Training mode normalises with batch statistics: per-channel mean 0, variance ~1.
+    clean = batch.images
     np.testing.assert_allclose(clean.mean(axis=(0, 1, 2)), 0.0, atol=1e-5)
     np.testing.assert_allclose(clean.var(axis=(0, 1, 2)), 1.0, rtol=0.05)
     assert set(updates["batch_stats"]) == {"normalizer", "network"}
@@ -105,7 +111,7 @@ def test_generate_eta_zero_ignores_fresh_noise_and_eta_positive_uses_it(tiny_mod
 
     @jax.jit
     def run_jit(key, eta):
-        return model.apply(variables, key, 2, 4, eta, initial_noise=noise, method=DiffusionModel.generate)
+        return process.generate(model, variables, key, 2, SamplingSpec(steps=4), eta=eta, latents=noise)
 
     def run(key, eta):
         return run_jit(jax.random.key(key), jnp.float32(eta))
@@ -122,14 +128,13 @@ def test_generate_with_one_step_and_denormalisation(tiny_model_and_variables):
         lambda path, x: jnp.zeros_like(x) if "head" in str(path) else x, variables["params"]
     )
     noise = jnp.zeros((1, 16, 16, 3))
-    out = jax.jit(lambda v: model.apply(v, jax.random.key(0), 1, 1, initial_noise=noise,
-                                        method=DiffusionModel.generate))({**variables, "params": zero_head})
+    out = jax.jit(lambda v: process.generate(model, v, jax.random.key(0), 1, SamplingSpec(steps=1),
+                                             latents=noise))({**variables, "params": zero_head})
     # Zero noise in, zero noise predicted: x_0 = 0 in normalised units. Sampling denormalises with the
     # normaliser's *running* statistics (there is no batch to take statistics from), so this is their mean.
     np.testing.assert_allclose(out[0, 0, 0], [0.4, 0.5, 0.3], atol=1e-6)
 
 
-def test_generate_rejects_non_positive_steps(tiny_model_and_variables):
-    model, variables = tiny_model_and_variables
-    with pytest.raises(ValueError, match="diffusion_steps"):
-        model.apply(variables, jax.random.key(0), 1, 0, method=DiffusionModel.generate)
+def test_generate_rejects_non_positive_steps():
+    with pytest.raises(ValueError, match="diffusion steps"):
+        SamplingSpec(steps=0)

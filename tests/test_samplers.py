@@ -10,6 +10,8 @@ import pytest
 from ddim import diffusion, samplers
 from ddim.config import ModelConfig
 from ddim.model import DiffusionModel, init_variables
+from ddim.sampling import process
+from ddim.spec import SamplingSpec
 
 MIN_SIGNAL, MAX_SIGNAL = 0.02, 0.95
 
@@ -72,11 +74,15 @@ def test_bad_names_list_the_valid_ones():
         grid("logsnr", 0)
 
 
-def test_the_cli_lists_the_same_names():
-    """The CLI keeps its own copy of the names so that `ddim --help` needs no JAX."""
+def test_the_solvers_and_the_cli_derive_from_the_one_registry():
+    """ddim.spec names every sampler once (JAX-free, for `ddim --help`); the solvers and the CLI read it."""
+    from ddim import spec
     from ddim.cli.app import SAMPLER_NAMES, SPACING_NAMES
 
-    assert SAMPLER_NAMES == tuple(samplers.SAMPLERS) and SPACING_NAMES == samplers.SPACINGS
+    assert tuple(samplers.SAMPLERS) == tuple(spec.SAMPLERS) == SAMPLER_NAMES
+    assert samplers.SPACINGS == tuple(spec.SPACINGS) == SPACING_NAMES
+    for name, kind in spec.SAMPLERS.items():
+        assert samplers.SAMPLERS[name].stochastic == kind.stochastic
 
 
 # --- the solvers on problems with exact answers --------------------------------------------------
@@ -200,7 +206,7 @@ def test_default_sampler_gives_the_same_bits_as_the_ddim_loop_before_samplers():
 
     @jax.jit
     def new(rng, eta):
-        return model.apply(variables, rng, 3, 20, eta, method=DiffusionModel.generate)
+        return process.generate(model, variables, rng, 3, SamplingSpec(steps=20), eta=eta)
 
     @jax.jit
     def old(rng, eta):

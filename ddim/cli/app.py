@@ -1,7 +1,7 @@
 """The Typer application and what its commands share: one-line errors, common options, runtime setup.
 
-Only the standard library and Typer are imported here, so ``ddim --help`` is
-instant; JAX, Flax and TensorFlow load inside commands.
+Only the standard library, Typer and :mod:`ddim.spec` are imported here, so
+``ddim --help`` is instant; JAX, Flax and TensorFlow load inside commands.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
+
+from ddim.spec import DEFAULT_STEPS, SAMPLERS, SPACINGS, SamplingSpec, SpecError
 
 app = typer.Typer(
     add_completion=False,
@@ -77,17 +79,18 @@ def require_positive(**values: Optional[int]) -> None:
             fail(f"--{name.replace('_', '-')} must be >= 1 (got {value})", code=2)
 
 
-# Kept here (not imported from ddim.samplers) so `ddim --help` needs no JAX; tests check they agree.
-SAMPLER_NAMES = ("ddim", "dpmpp-2m", "dpmpp-3m")
-SPACING_NAMES = ("uniform", "logsnr", "karras")
+# The registry of names is ddim.spec's (JAX-free, so `ddim --help` stays instant).
+SAMPLER_NAMES = tuple(SAMPLERS)
+SPACING_NAMES = tuple(SPACINGS)
 SAMPLER_HELP = (
-    "Solver of the reverse process: ddim (default; DDIM eq. 12), dpmpp-2m (DPM-Solver++(2M), second order) "
-    "or dpmpp-3m. Recommended for 5-20 steps: --sampler dpmpp-2m --spacing logsnr (README: Samplers)."
+    "Solver of the reverse process: "
+    + "; ".join(f"{name} ({kind.summary})" for name, kind in SAMPLERS.items())
+    + ". See the user guide, 'Sampling and samplers', for which to use."
 )
-# What benchmarks/sampler_quality.py measured (README, "Samplers"): RMSE to a 1000-step DDIM reference on
-# Flowers at 5/10/20 steps, 0.093/0.070/0.048 for ddim+uniform, 0.025/0.0088/0.0043 for dpmpp-2m+logsnr.
+SPACING_HELP = "Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items()) + "."
+# The sampler the measured docs recommend for few steps, and below how many steps to say so.
 RECOMMENDED_SAMPLER = ("dpmpp-2m", "logsnr")
-RECOMMEND_BELOW_STEPS = 50  # from 50 steps on, every sampler on a log-SNR or Karras grid is within the reference's error
+RECOMMEND_BELOW_STEPS = 50
 
 
 def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
@@ -96,19 +99,38 @@ def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
         return None
     return (f"tip: at {steps} steps, --sampler {RECOMMENDED_SAMPLER[0]} --spacing {RECOMMENDED_SAMPLER[1]} is "
             "several times closer to the converged images for the same network calls (README: Samplers)")
-SPACING_HELP = "Time grid: uniform (default, DDIM's), logsnr (uniform in log-SNR) or karras (Karras et al. rho=7)."
+
+
+def sampling_spec(steps: int = DEFAULT_STEPS, sampler: str = "ddim", spacing: str = "uniform", eta: float = 0.0,
+                  guidance: Optional[float] = None) -> SamplingSpec:
+    """The command's :class:`SamplingSpec`; a bad value exits with status 2 and one line naming its option."""
+    try:
+        return SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
+    except SpecError as error:
+        fail(error.cli_message, code=2)
 
 
 def check_sampler_options(sampler: str, spacing: str, eta: float) -> None:
-    """Exit with status 2 and one line for an unknown sampler or spacing (listing the valid ones) or a bad eta."""
-    if sampler not in SAMPLER_NAMES:
-        fail(f"unknown --sampler {sampler!r} (choose from {', '.join(SAMPLER_NAMES)})", code=2)
-    if spacing not in SPACING_NAMES:
-        fail(f"unknown --spacing {spacing!r} (choose from {', '.join(SPACING_NAMES)})", code=2)
-    if eta < 0:
-        fail(f"--eta must be >= 0 (got {eta})", code=2)
-    if eta > 0 and sampler != "ddim":
-        fail(f"--eta > 0 needs --sampler ddim ({sampler} is deterministic)", code=2)
+    """Exit with status 2 and one line for an unknown sampler or spacing or a bad eta (see :func:`sampling_spec`)."""
+    sampling_spec(sampler=sampler, spacing=spacing, eta=eta)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, description: str) -> Iterator:
+    """A progress bar on stderr for ``total`` items; yields ``on_batch(n)``, to call after each ``n`` done."""
+    from ddim.summary import Progress
+
+    progress, done = Progress(total, 0, description=description), 0
+
+    def on_batch(count: int) -> None:
+        nonlocal done
+        done += count
+        progress.update(done, "")
+
+    try:
+        yield on_batch
+    finally:
+        progress.close()
 
 
 def setup_runtime(compilation_cache: Optional[str]) -> None:
@@ -177,10 +199,12 @@ def default_workdir(config) -> Path:
 
 def default_checkpoint_source() -> Path:
     """The work directory under runs/ with the most recently written checkpoint."""
-    candidates = [p.parent for p in DEFAULT_RUNS_DIR.glob("*/checkpoints") if p.is_dir()]
+    from ddim.workdir.layout import CHECKPOINTS, Workdir
+
+    candidates = [p.parent for p in DEFAULT_RUNS_DIR.glob(f"*/{CHECKPOINTS}") if p.is_dir()]
     if not candidates:
         fail(f"no checkpoints found under {DEFAULT_RUNS_DIR}/ (train first, or pass --workdir or --checkpoint)")
-    return max(candidates, key=lambda p: (p / "checkpoints").stat().st_mtime)
+    return max(candidates, key=lambda p: Workdir(p).checkpoints.stat().st_mtime)
 
 
 def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path]) -> Path:

@@ -1,4 +1,4 @@
-"""``ddim sample``: a thin wrapper over :meth:`ddim.sampling.Pipeline.generate` and :func:`ddim.save_images`."""
+"""``ddim sample``: a thin wrapper over :func:`ddim.sampling.outputs.sample_to_folder`."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import typer
 from ddim.cli.app import (
     app,
     batch_size_option,
-    check_sampler_options,
     checkpoint_option,
     checkpoint_source,
     compilation_cache_option,
     eta_option,
     overwrite_option,
+    progress_bar,
     require_positive,
     sampler_tip,
     sampler_option,
+    sampling_spec,
     setup_runtime,
     spacing_option,
     user_errors,
@@ -52,18 +53,15 @@ def sample(
     converged images than the default DDIM at 20 (README: Samplers).
     """
     require_positive(num=num, steps=steps, batch_size=batch_size)
-    check_sampler_options(sampler, spacing, eta)
+    spec = sampling_spec(steps, sampler, spacing, eta)
     source = checkpoint_source(workdir, checkpoint)
-    from ddim.images import prepare_output_dir
+    from ddim.sampling.outputs import check_sample_folder
 
-    names = [f"{i:04d}.png" for i in range(num)] + (["grid.png"] if grid else [])
-    names += ["trajectory.gif"] if trajectory else []
     with user_errors():
-        prepare_output_dir(out, names, overwrite)
+        check_sample_folder(out, num, grid, trajectory, overwrite)
     setup_runtime(compilation_cache)
-    from ddim.images import save_images
     from ddim.sampling import load
-    from ddim.summary import Progress
+    from ddim.sampling.outputs import sample_to_folder
 
     started = time.perf_counter()
     with user_errors():
@@ -72,35 +70,8 @@ def sample(
         tip = sampler_tip(steps, sampler, spacing)
         if tip:
             typer.echo(tip, err=True)
-        progress = Progress(num, 0, description="sample")
-        done = 0
-
-        def on_batch(count: int) -> None:
-            nonlocal done
-            done += count
-            progress.update(done, "")
-
-        try:
-            if trajectory:
-                frames = pipe.trajectory(
-                    num, steps=steps, seed=seed, eta=eta, sampler=sampler, spacing=spacing, batch_size=batch_size,
-                    on_batch=on_batch,
-                )
-                images = frames[-1]
-            else:
-                images = pipe.generate(
-                    num, steps=steps, seed=seed, eta=eta, batch_size=batch_size, on_batch=on_batch,
-                    sampler=sampler, spacing=spacing,
-                )
-        finally:
-            progress.close()
-        save_images(images, out, grid=grid, overwrite=overwrite)
-        if trajectory:
-            from ddim.images import make_grid, save_gif
-
-            # Hold the final frame a little longer so the result can be seen.
-            grids = [make_grid(frame) for frame in frames] + [make_grid(frames[-1])] * 4
-            save_gif(grids, out / "trajectory.gif", duration_ms=250, overwrite=True)
+        with progress_bar(num, "sample") as on_batch:
+            extras = sample_to_folder(pipe, out, num, spec, seed=seed, batch_size=batch_size, grid=grid,
+                                      trajectory=trajectory, overwrite=overwrite, on_batch=on_batch)
     elapsed = time.perf_counter() - started
-    extras = [name for name, wanted in (("grid.png", grid), ("trajectory.gif", trajectory)) if wanted]
     typer.echo(f"wrote {num} images{''.join(' and ' + e for e in extras)} to {out} in {elapsed:.1f}s")

@@ -19,7 +19,6 @@ import typer
 from ddim.cli.app import (
     app,
     batch_size_option,
-    check_sampler_options,
     checkpoint_option,
     checkpoint_source,
     compilation_cache_option,
@@ -28,6 +27,7 @@ from ddim.cli.app import (
     overwrite_option,
     require_positive,
     sampler_option,
+    sampling_spec,
     setup_runtime,
     spacing_option,
     user_errors,
@@ -119,7 +119,7 @@ def invert(
     images; `ddim interpolate --from IMAGE` and the Python API use them.
     """
     require_positive(steps=steps, batch_size=batch_size)
-    check_sampler_options("ddim", spacing, 0.0)
+    spec = sampling_spec(steps, spacing=spacing)
     _check_inputs(images)
     with user_errors():
         _check_out_file(out, overwrite)
@@ -127,7 +127,7 @@ def invert(
         import numpy as np
 
         with _notices():
-            latents = pipe.invert(_read(pipe, images), steps=steps, spacing=spacing, batch_size=batch_size)
+            latents = pipe.invert(_read(pipe, images), batch_size=batch_size, spec=spec)
         tmp = out.with_name(f".{out.name}.tmp.npz")
         np.savez(
             tmp, latents=latents, files=np.array([str(p) for p in images]), steps=steps, spacing=spacing,
@@ -155,7 +155,7 @@ def reconstruct(
     measure). comparison.png shows the inputs (top row) over their reconstructions.
     """
     require_positive(steps=steps, batch_size=batch_size)
-    check_sampler_options("ddim", spacing, 0.0)
+    spec = sampling_spec(steps, spacing=spacing)
     _check_inputs(images)
     names = _output_names(images)
     from ddim.images import prepare_output_dir
@@ -168,7 +168,7 @@ def reconstruct(
         from ddim.images import make_grid, save_png
 
         with _notices():
-            result = pipe.reconstruct(_read(pipe, images), steps=steps, spacing=spacing, batch_size=batch_size)
+            result = pipe.reconstruct(_read(pipe, images), batch_size=batch_size, spec=spec)
         for image, name in zip(result.images, names):
             save_png(image, out / name)
         save_png(make_grid(np.concatenate([result.inputs, result.images]), rows=2), out / "comparison.png")
@@ -208,7 +208,7 @@ def interpolate(
     require_positive(steps=steps, batch_size=batch_size, frame_ms=duration)
     if frames < 2:
         fail(f"--frames must be >= 2 (got {frames})", code=2)
-    check_sampler_options("ddim", spacing, 0.0)
+    spec = sampling_spec(steps, spacing=spacing)
     ends = [_endpoint(start, "--from"), _endpoint(end, "--to")]
     from ddim.images import prepare_output_dir
 
@@ -224,18 +224,17 @@ def interpolate(
                 if seed is not None:
                     latents.append(pipe.latents(1, seed)[0])
                 else:
-                    latents.append(pipe.invert(_read(pipe, [path]), steps=steps, spacing=spacing)[0])
-            images = pipe.interpolate(latents[0], latents[1], frames, steps=steps, spacing=spacing,
-                                      batch_size=batch_size)
+                    latents.append(pipe.invert(_read(pipe, [path]), spec=spec)[0])
+            images = pipe.interpolate(latents[0], latents[1], frames, batch_size=batch_size, spec=spec)
         for image, name in zip(images, names):
             save_png(image, out / name)
         save_gif(images, out / "interpolation.gif", duration_ms=duration, overwrite=True)
     typer.echo(f"wrote {frames} frames and interpolation.gif to {out}")
 
 
-def _sampling_options_check(steps: int, batch_size: int, sampler: str, spacing: str, eta: float) -> None:
+def _sampling_options(steps: int, batch_size: int, sampler: str, spacing: str, eta: float):
     require_positive(steps=steps, batch_size=batch_size)
-    check_sampler_options(sampler, spacing, eta)
+    return sampling_spec(steps, sampler, spacing, eta)
 
 
 @app.command()
@@ -256,7 +255,7 @@ def edit(
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Image-to-image (SDEdit): noise each image to --strength and denoise it into the model's world."""
-    _sampling_options_check(steps, batch_size, sampler, spacing, eta)
+    spec = _sampling_options(steps, batch_size, sampler, spacing, eta)
     if not 0.0 < strength <= 1.0:
         fail(f"--strength must be in (0, 1] (got {strength})", code=2)
     _check_inputs(images)
@@ -270,8 +269,7 @@ def edit(
 
         started = time.perf_counter()
         with _notices():
-            edited = pipe.edit(_read(pipe, images), strength=strength, steps=steps, seed=seed, sampler=sampler,
-                               spacing=spacing, eta=eta, batch_size=batch_size)
+            edited = pipe.edit(_read(pipe, images), strength=strength, seed=seed, batch_size=batch_size, spec=spec)
         for image, name in zip(edited, names):
             save_png(image, out / name)
     typer.echo(f"wrote {len(images)} edited image(s) to {out} in {time.perf_counter() - started:.1f}s")
@@ -294,7 +292,7 @@ def inpaint(
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Fill the white region of --mask in each image consistently with the rest (the rest is kept)."""
-    _sampling_options_check(steps, batch_size, sampler, spacing, eta)
+    spec = _sampling_options(steps, batch_size, sampler, spacing, eta)
     _check_inputs(images)
     _check_inputs([mask], "mask")
     names = _output_names(images)
@@ -307,8 +305,7 @@ def inpaint(
         from ddim.images import save_png
 
         with _notices():
-            filled = pipe.inpaint(_read(pipe, images), mask_pixels, steps=steps, seed=seed, sampler=sampler,
-                                  spacing=spacing, eta=eta, batch_size=batch_size)
+            filled = pipe.inpaint(_read(pipe, images), mask_pixels, seed=seed, batch_size=batch_size, spec=spec)
         for image, name in zip(filled, names):
             save_png(image, out / name)
     typer.echo(f"wrote {len(images)} inpainted image(s) to {out}")

@@ -19,8 +19,9 @@ import optax
 from flax.training import train_state
 
 from ddim import parallel, runtime
-from ddim.config import Config
+from ddim.config import Config, ConfigError
 from ddim.model import DiffusionModel, init_variables
+from ddim.objective import Objective
 
 
 class TrainState(train_state.TrainState):
@@ -41,15 +42,43 @@ def ema_variables(state) -> dict[str, Any]:
     return {"params": state["ema_params"], "batch_stats": state["ema_batch_stats"]}
 
 
-def create_optimizer(config: Config) -> optax.GradientTransformation:
+def learning_rate(config: Config, total_steps: int | None = None):
+    """The learning rate: a float (constant, the Keras example) or an optax schedule of the step.
+
+    ``warmup_steps`` ramps linearly from 0 to ``learning_rate``; ``cosine`` then
+    decays it to 0 at ``total_steps`` (default ``train.max_steps``), as
+    ``optax.warmup_cosine_decay_schedule``. The constant rate without warm-up
+    stays a float so that the optimiser state (and old checkpoints) keep their
+    structure.
+    """
     t = config.train
-    return optax.adamw(t.learning_rate, b1=0.9, b2=0.999, eps=t.adam_eps, weight_decay=t.weight_decay)
+    if t.lr_schedule == "constant":
+        if not t.warmup_steps:
+            return t.learning_rate
+        return optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
+    total_steps = total_steps or t.max_steps
+    if not total_steps:
+        raise ConfigError("train.lr_schedule = 'cosine' needs the run's length: set train.max_steps")
+    return optax.warmup_cosine_decay_schedule(
+        0.0, t.learning_rate, t.warmup_steps, decay_steps=max(total_steps, t.warmup_steps + 1), end_value=0.0
+    )
 
 
-def create_train_state(config: Config, rng, mesh=None) -> TrainState:
+def create_optimizer(config: Config, total_steps: int | None = None) -> optax.GradientTransformation:
+    """AdamW (Keras' epsilon) on :func:`learning_rate`, after clipping the gradient's global norm if asked to."""
+    t = config.train
+    adamw = optax.adamw(learning_rate(config, total_steps), b1=0.9, b2=0.999, eps=t.adam_eps,
+                        weight_decay=t.weight_decay)
+    if t.grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw)
+    return adamw
+
+
+def create_train_state(config: Config, rng, mesh=None, total_steps: int | None = None) -> TrainState:
     """A fresh state: initial parameters, AdamW, EMA weights equal to the parameters.
 
-    The state is replicated over ``mesh`` (default: all devices).
+    The state is replicated over ``mesh`` (default: all devices); ``total_steps``
+    is the run's length, which a decaying learning rate needs.
     """
     model = DiffusionModel(config.model)
     init = jax.jit(functools.partial(init_variables, model))
@@ -58,7 +87,7 @@ def create_train_state(config: Config, rng, mesh=None) -> TrainState:
     state = TrainState.create(
         apply_fn=model.apply,
         params=params,
-        tx=create_optimizer(config),
+        tx=create_optimizer(config, total_steps),
         batch_stats=batch_stats,
         # Copies, not aliases: the train step donates every buffer of the state.
         ema_params=jax.tree.map(jnp.copy, params),
@@ -96,62 +125,68 @@ def update_ema(state: TrainState, step, decay: float, warmup: bool) -> TrainStat
     )
 
 
-def mean_absolute_error(a, b):
-    return jnp.mean(jnp.abs(a - b))
-
-
 def to_float(images):
     """uint8 images -> float32 in [0, 1] (on the device, inside the jitted steps)."""
     return images.astype(jnp.float32) / 255.0
 
 
-def train_step(state: TrainState, images, rng, ema_decay: float, ema_warmup: bool):
-    """One AdamW step on the mean absolute error of the predicted noise, then the EMA update.
+def train_step(state: TrainState, images, rng, ema_decay: float, ema_warmup: bool,
+               objective: Objective = Objective()):
+    """One optimiser step on ``objective``'s loss, then the EMA update.
 
     ``images`` are uint8 ``(B, H, W, C)``; ``rng`` is the run's base key, folded
-    with the step so every step has its own noise whatever process runs it.
-    Returns the new state and ``{"noise_loss", "image_loss"}``.
+    with the step so every step has its own noise (and dropout) whatever
+    process runs it. Returns the new state and the metrics: ``noise_loss`` and
+    ``image_loss`` (the MAE of the predicted noise and clean image, alike for
+    every objective) and, when the objective is not the Keras example's noise
+    MAE, the optimised ``loss``.
     """
     rng = jax.random.fold_in(rng, state.step)
     images = to_float(images)
 
     def loss_fn(params):
-        (noises, clean, pred_noises, pred_images), updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats}, images, rng, train=True, mutable=["batch_stats"]
+        (batch, outputs), updates = state.apply_fn(
+            {"params": params, "batch_stats": state.batch_stats}, images, rng, train=True, mutable=["batch_stats"],
+            rngs={"dropout": jax.random.fold_in(rng, 1)},
         )
-        return mean_absolute_error(noises, pred_noises), (mean_absolute_error(clean, pred_images), updates)
+        return objective.loss_value(batch, outputs), (objective.metrics(batch, outputs), updates)
 
-    (noise_loss, (image_loss, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, (metrics, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     new_state = state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
     new_state = update_ema(new_state, state.step, ema_decay, ema_warmup)
-    return new_state, {"noise_loss": noise_loss, "image_loss": image_loss}
+    if not objective.is_reference:
+        metrics = {**metrics, "loss": loss}
+    return new_state, metrics
 
 
-def eval_step(state: TrainState, images, rng):
+def eval_step(state: TrainState, images, rng, objective: Objective = Objective()):
     """Validation losses of the EMA model (BatchNorm in inference mode) on uint8 ``images``."""
-    noises, clean, pred_noises, pred_images = state.apply_fn(ema_variables(state), to_float(images), rng, train=False)
-    return {"noise_loss": mean_absolute_error(noises, pred_noises), "image_loss": mean_absolute_error(clean, pred_images)}
+    batch, outputs = state.apply_fn(ema_variables(state), to_float(images), rng, train=False)
+    metrics = objective.metrics(batch, outputs)
+    if not objective.is_reference:
+        metrics["loss"] = objective.loss_value(batch, outputs)
+    return metrics
 
 
-def compiled_steps(ema_decay: float, ema_warmup: bool, mesh=None):
+def compiled_steps(ema_decay: float, ema_warmup: bool, mesh=None, objective: Objective = Objective()):
     """Jitted train and eval steps over ``mesh`` (default: all devices).
 
     Inputs arrive replicated (state, key) and batch-sharded (images); outputs
     are pinned replicated, so XLA all-reduces gradients and BatchNorm
     statistics across devices. The train step donates the old state.
     """
-    return _compiled_steps(ema_decay, ema_warmup, mesh or parallel.data_mesh())
+    return _compiled_steps(ema_decay, ema_warmup, mesh or parallel.data_mesh(), objective)
 
 
 @functools.cache
-def _compiled_steps(ema_decay: float, ema_warmup: bool, mesh):
+def _compiled_steps(ema_decay: float, ema_warmup: bool, mesh, objective: Objective):
     replicated = parallel.replicated(mesh)
     step = jax.jit(
-        functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup),
+        functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup, objective=objective),
         donate_argnums=(0,),
         out_shardings=(replicated, replicated),
     )
-    return step, jax.jit(eval_step, out_shardings=replicated)
+    return step, jax.jit(functools.partial(eval_step, objective=objective), out_shardings=replicated)
 
 
 def set_normalizer_stats(state: TrainState, mean, var) -> TrainState:

@@ -1,0 +1,60 @@
+"""The UNet of the Keras example "Denoising Diffusion Implicit Models" (A. Béres).
+
+Residual blocks without normalisation scale/offset, average pooling down,
+bilinear upsampling up, a sinusoidal embedding of the noise variance broadcast
+over the image and concatenated to the input, and a zero-initialised output
+convolution so the untrained network outputs zero.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from ddim import ops
+from ddim.config import ModelConfig
+from ddim.nn.blocks import ResidualBlock
+from ddim.nn.embeddings import sinusoidal_embedding
+from ddim.nn.layers import Conv, compute_dtype
+
+
+class UNet(nn.Module):
+    """Maps ``noisy_images`` and the noise variance of each image to the prediction target.
+
+    What it predicts (the noise, or the velocity) is the objective's business
+    (:mod:`ddim.objective`); the network only sees images and noise levels.
+    ``cond`` carries further conditioning (a pytree, as guided-diffusion's
+    ``model_kwargs``); this network takes none and ignores it. Every
+    hyperparameter comes from ``config`` (a :class:`ddim.config.ModelConfig`).
+    """
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, noisy_images, noise_variances, train: bool, cond=None):
+        c, dtype = self.config, compute_dtype(self.config)
+        batch, height, width, _ = noisy_images.shape
+        embedding = sinusoidal_embedding(
+            noise_variances, c.embedding_dims, c.embedding_min_frequency, c.embedding_max_frequency
+        )
+        # Keras upsamples the 1x1 embedding to the image size with nearest-neighbour: a broadcast.
+        embedding = jnp.broadcast_to(embedding, (batch, height, width, c.embedding_dims))
+        x = Conv(c.widths[0], 1, dtype, name="stem")(noisy_images)
+        x = jnp.concatenate([x, embedding.astype(x.dtype)], axis=-1)
+
+        skips = []
+        for level_width in c.widths[:-1]:
+            for _ in range(c.block_depth):
+                x = ResidualBlock(level_width, dtype)(x, train)
+                skips.append(x)
+            x = ops.average_pool_2x(x)
+        for _ in range(c.block_depth):
+            x = ResidualBlock(c.widths[-1], dtype)(x, train)
+        for level_width in reversed(c.widths[:-1]):
+            x = ops.upsample_bilinear_2x(x)
+            for _ in range(c.block_depth):
+                x = jnp.concatenate([x, skips.pop()], axis=-1)
+                x = ResidualBlock(level_width, dtype)(x, train)
+        # Zero-initialised so the untrained model outputs zero (the identity denoiser for noise prediction).
+        x = Conv(noisy_images.shape[-1], 1, dtype, kernel_init=nn.initializers.zeros, name="head")(x)
+        return x.astype(jnp.float32)

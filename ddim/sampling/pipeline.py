@@ -1,0 +1,280 @@
+"""The user's object: a trained model and its verbs (generate, invert, reconstruct, interpolate, edit, inpaint).
+
+>>> import ddim
+>>> pipe = ddim.load("runs/flowers64")            # a work directory or a checkpoint step dir
+>>> images = pipe.generate(16, steps=20, seed=0)  # uint8, (16, 64, 64, 3)
+>>> ddim.save_images(images, "samples/")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddim.config import Config
+from ddim.diffusion import slerp
+from ddim.errors import InputError
+from ddim.images import to_uint8
+from ddim.model import DiffusionModel
+from ddim.sampling import programs
+from ddim.sampling.inputs import check_latents, prepare_images, prepare_masks
+from ddim.spec import SamplingSpec
+
+OnBatch = Callable[[int], None]
+
+
+class Reconstruction(NamedTuple):
+    """What :meth:`Pipeline.reconstruct` returns."""
+
+    images: np.ndarray
+    """The reconstructions, uint8 ``(N, H, W, C)``."""
+    errors: np.ndarray
+    """Per-image mean squared error over pixels and channels, on [0, 1] values, ``(N,)``."""
+    latents: np.ndarray
+    """The inverted latents, float32 ``(N, H, W, C)``."""
+    inputs: np.ndarray
+    """The inputs as the model saw them (after any crop and resize), uint8."""
+
+
+def _inversion_spec(spec: SamplingSpec | None, steps: int | None, spacing: str | None) -> SamplingSpec:
+    """The spec of a deterministic DDIM pass (inversion and decoding): ``spec``'s steps, spacing and guidance."""
+    spec = SamplingSpec.of(spec, steps=steps, spacing=spacing)
+    return SamplingSpec(steps=spec.steps, spacing=spec.spacing, guidance=spec.guidance)
+
+
+class Pipeline:
+    """A trained model and its verbs: generate, invert, reconstruct, interpolate, edit, inpaint.
+
+    Every verb is jitted with static step counts (one compile per setting),
+    batched (``batch_size`` bounds memory), deterministic for a seed, and runs
+    on every device of the mesh. Images come back as uint8 ``(N, H, W, C)``.
+    The sampler settings are one :class:`ddim.spec.SamplingSpec` (``spec=``);
+    the loose keywords ``steps``, ``sampler``, ``spacing`` and ``eta`` change
+    single fields of it. Bad arguments raise :class:`ddim.errors.InputError`,
+    a ``ValueError`` whose one sentence says what is wrong.
+    """
+
+    def __init__(self, config: Config, variables: dict[str, Any], step: int | None = None, path: Path | None = None):
+        self.config = config
+        self.model = DiffusionModel(config.model)
+        self.variables = variables
+        self.step = step
+        self.path = path
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return self.model.image_shape
+
+    def _prepare(self, images) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        return prepare_images(images, self.config.model.image_size, self.config.model.channels)
+
+    def _run(self, program, spec: SamplingSpec, count: int, **options) -> np.ndarray:
+        return programs.map_batches(program, self.model, self.variables, spec, count=count, **options)
+
+    def generate(self, num_images: int | None = None, steps: int | None = None, seed: int = 0,
+                 eta: float | None = None, batch_size: int | None = None, on_batch: OnBatch | None = None,
+                 sampler: str | None = None, spacing: str | None = None, latents: np.ndarray | None = None,
+                 *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+        """Sample images with the EMA weights: uint8 ``(num_images, H, W, C)``.
+
+        - ``num_images`` >= 1 (default 16, or the number of ``latents``).
+        - ``spec``: a :class:`ddim.spec.SamplingSpec` (default: 20 steps of
+          deterministic DDIM on the uniform grid); ``steps`` >= 1 is the cost of
+          sampling; ``sampler`` is ``"ddim"`` (DDIM eq. 12), ``"dpmpp-2m"`` or
+          ``"dpmpp-3m"`` (see :mod:`ddim.samplers`); ``spacing`` is ``"uniform"``,
+          ``"logsnr"`` or ``"karras"``; ``eta`` >= 0 is DDIM's fresh noise per step
+          (eq. 16; only the ``ddim`` sampler takes ``eta > 0``).
+        - ``seed``: same seed, arguments and checkpoint give the same pixels.
+        - ``latents``: float ``(N, H, W, C)`` initial noise instead of the
+          seeded one (from :meth:`latents`, :meth:`invert` or :meth:`interpolate`'s
+          inputs); ``generate(latents=pipe.latents(n, seed))`` gives the pixels of
+          ``generate(n, seed=seed)``.
+        - ``batch_size``: images generated at once (bounds memory); ``on_batch(n)``
+          is called after each batch of ``n``.
+        - ``cond``: a pytree of per-image arrays ``(N, ...)`` handed to the network.
+
+        Raises ``ValueError`` (one sentence) for a non-positive count or step
+        count, an unknown sampler or spacing (listing the valid ones), a bad
+        eta, or latents of the wrong shape or count.
+        """
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        if latents is not None:
+            latents = check_latents(latents, self.image_shape)
+            if num_images is not None and num_images != len(latents):
+                raise InputError(f"num_images is {num_images} but {len(latents)} latents were given")
+            num_images = len(latents)
+        num_images = 16 if num_images is None else num_images
+        return programs.generate_images(self.model, self.variables, num_images, spec, seed, batch_size, on_batch,
+                                        latents, cond)
+
+    def latents(self, num_images: int = 1, seed: int = 0, batch_size: int | None = None) -> np.ndarray:
+        """The initial noise ``generate(num_images, seed=seed, batch_size=batch_size)`` starts from, float32."""
+        return programs.seeded_latents(self.image_shape, num_images, seed, batch_size)
+
+    def trajectory(self, num_images: int = 16, steps: int | None = None, seed: int = 0, eta: float | None = None,
+                   sampler: str | None = None, spacing: str | None = None, batch_size: int | None = None,
+                   latents: np.ndarray | None = None, on_batch: OnBatch | None = None,
+                   *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+        """The predicted clean images after every step of :meth:`generate`: uint8 ``(steps, N, H, W, C)``.
+
+        Same arguments as :meth:`generate`; the last frame is its sample. Shows
+        how the reverse process settles the image, coarse to fine.
+        """
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        if latents is None:
+            if num_images < 1:
+                raise InputError(f"the number of images must be >= 1, got {num_images}")
+            latents = self.latents(num_images, seed, batch_size)
+        latents = check_latents(latents, self.image_shape)
+        frames = self._run(programs.trajectory, spec, len(latents), batch_size=batch_size, arrays=[latents],
+                           traced=(jnp.float32(spec.eta),), cond=cond, seed=seed, on_batch=on_batch, batch_axis=1)
+        return to_uint8(frames)
+
+    def invert(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
+               on_batch: OnBatch | None = None, *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+        """Encode images to latents: deterministic DDIM run from the data to the noise (DDIM eq. 13).
+
+        ``images``: uint8 (or float in [0, 1]) ``(N, H, W, C)``, one image, or a
+        list of images or files (see :func:`prepare_images`). The time grid is
+        :meth:`generate`'s for the same steps and spacing (of ``spec``; inversion
+        is always deterministic DDIM), so ``generate(latents=invert(x, steps),
+        steps=steps)`` reconstructs ``x``, the closer the more steps
+        (:meth:`reconstruct`). Returns float32 latents ``(N, H, W, C)``. See
+        :func:`ddim.sampling.process.invert`.
+        """
+        spec = _inversion_spec(spec, steps, spacing)
+        prepared, _ = self._prepare(images)
+        return self._invert(prepared, spec, batch_size, on_batch, cond)
+
+    def _invert(self, prepared, spec: SamplingSpec, batch_size, on_batch=None, cond=None):
+        return self._run(programs.invert, spec, len(prepared), batch_size=batch_size, arrays=[prepared], cond=cond,
+                         on_batch=on_batch)
+
+    def reconstruct(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
+                    *, spec: SamplingSpec | None = None, cond=None) -> Reconstruction:
+        """Invert then generate with the same steps and spacing: how well the model encodes ``images``.
+
+        Returns a :class:`Reconstruction`: the uint8 reconstructions, the
+        per-image mean squared error on [0, 1] pixels (the measure of the DDIM
+        paper's Table 2), the latents and the inputs as the model saw them.
+        """
+        spec = _inversion_spec(spec, steps, spacing)
+        prepared, _ = self._prepare(images)
+        latents = self._invert(prepared, spec, batch_size, cond=cond)
+        floats = self._run(programs.sample_from, spec, len(latents), batch_size=batch_size, arrays=[latents],
+                           traced=(jnp.float32(0.0),), cond=cond)
+        errors = np.mean((floats.astype(np.float64) - prepared) ** 2, axis=(1, 2, 3))
+        return Reconstruction(to_uint8(floats), errors, latents, to_uint8(prepared))
+
+    def interpolate(self, a, b, frames: int = 16, steps: int | None = None, spacing: str | None = None,
+                    batch_size: int | None = None, *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+        """Images along the spherical interpolation (slerp) from latent ``a`` to latent ``b``: uint8 ``(frames, H, W, C)``.
+
+        ``a`` and ``b``: latents ``(H, W, C)`` (or a batch of one), e.g. from
+        :meth:`latents` (a seed) or :meth:`invert` (a real image); ``frames`` >= 2
+        includes both ends. Decoded with deterministic DDIM (the steps and spacing
+        of ``spec``; use the ones the latents were inverted with). See
+        :func:`ddim.diffusion.slerp`.
+        """
+        spec = _inversion_spec(spec, steps, spacing)
+        a, b = check_latents(a, self.image_shape), check_latents(b, self.image_shape)
+        if len(a) != 1 or len(b) != 1:
+            raise InputError(f"interpolate takes one latent at each end, got {len(a)} and {len(b)}")
+        if not isinstance(frames, (int, np.integer)) or frames < 2:
+            raise InputError(f"frames must be an integer >= 2 (both ends included), got {frames!r}")
+        if not (np.any(a) and np.any(b)):
+            raise InputError("a latent to interpolate is all zeros (it has no direction)")
+        path = np.array(slerp(a[0], b[0], np.linspace(0.0, 1.0, frames)))
+        path[0], path[-1] = a[0], b[0]  # the ends exactly, not to rounding
+        return self.generate(latents=path, spec=spec, batch_size=batch_size, cond=cond)
+
+    def edit(self, images, strength: float = 0.6, steps: int | None = None, seed: int = 0, sampler: str | None = None,
+             spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
+             *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+        """Image-to-image editing (SDEdit, Meng et al. 2021): noise ``images`` to ``strength`` and denoise.
+
+        ``strength`` in (0, 1]: the diffusion time the inputs are noised to;
+        about 0.3 keeps the composition and changes details, 0.6-0.8 keeps
+        colours and rough layout, 1 is plain sampling from the seed's noise
+        (equal to ``generate(len(images), seed=seed)``). The spec's steps (>= 1
+        network calls) run from ``strength`` to the clean end with its sampler,
+        spacing and eta (as :meth:`generate`). Returns uint8 ``(N, H, W, C)``.
+        """
+        if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating, np.integer)) \
+                or not 0.0 < strength <= 1.0:
+            raise InputError(f"strength must be in (0, 1], got {strength!r}")
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        prepared, _ = self._prepare(images)
+        batch_size = programs.check_batch_size(batch_size, len(prepared))
+        if strength == 1.0:  # plain sampling: the input is not used at all
+            return self.generate(len(prepared), seed=seed, batch_size=batch_size, spec=spec, cond=cond)
+        floats = self._run(programs.edit, spec, len(prepared), batch_size=batch_size, arrays=[prepared],
+                           traced=(jnp.float32(strength), jnp.float32(spec.eta)), cond=cond, seed=seed)
+        return to_uint8(floats)
+
+    def inpaint(self, images, mask, steps: int | None = None, seed: int = 0, sampler: str | None = None,
+                spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
+                *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+        """Fill the masked region of ``images`` consistently with the rest (RePaint-style, without resampling).
+
+        ``mask``: white/True/1 = the region to fill; one mask for all images or
+        one per image, as a bool/uint8/float array of the image's height and
+        width or a mask image file (see :func:`prepare_masks`). Outside the mask
+        the result keeps the input's pixels. ``spec`` (or ``steps``, ``sampler``,
+        ``spacing``, ``eta``) and ``seed`` as :meth:`generate`. Returns uint8 ``(N, H, W, C)``.
+        """
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        prepared, sizes = self._prepare(images)
+        masks = prepare_masks(mask, sizes, self.config.model.image_size)
+        floats = self._run(programs.inpaint, spec, len(prepared), batch_size=batch_size, arrays=[prepared, masks],
+                           traced=(jnp.float32(spec.eta),), cond=cond, seed=seed)
+        return to_uint8(floats)
+
+    def __repr__(self) -> str:
+        return f"Pipeline(name={self.config.name!r}, step={self.step}, path={str(self.path)!r})"
+
+
+def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] | None = None) -> Pipeline:
+    """Load a pipeline from a work directory, its ``checkpoints`` folder or a checkpoint step dir.
+
+    Needs nothing but the checkpoint: the config stored beside the weights
+    rebuilds the model. Without a step (none given, no step directory named),
+    the newest intact checkpoint is used: a damaged newer one is skipped with
+    a one-line warning through ``warn`` (default: stderr) and set aside when
+    no training run owns the directory. Raises
+    :class:`ddim.checkpoint.CheckpointError`, also for a damaged named step.
+    """
+    from ddim.checkpoint import CheckpointError, locate
+    from ddim.model import init_variables
+    from ddim.train.state import ema_variables
+
+    checkpointer, named = locate(checkpoint=path)
+    try:
+        found = checkpointer.restore(
+            lambda s: (checkpointer.restore_config(s), checkpointer.restore_state(s)),
+            step=step if step is not None else named,
+            warn=warn,
+        )
+    finally:
+        checkpointer.close()
+    if found is None:
+        raise CheckpointError(f"no checkpoints in {checkpointer.directory} (train first: ddim train --workdir ...)")
+    step, (config, state) = found
+    try:
+        variables = jax.tree.map(jnp.asarray, ema_variables(state))
+    except (KeyError, TypeError) as error:
+        raise CheckpointError(f"checkpoint {checkpointer.directory / str(step)} has no EMA weights ({error})") from None
+    # The weights must fit the model their stored config describes (shapes and structure).
+    model = DiffusionModel(config.model)
+    expected = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
+    expected_shapes = jax.tree.map(lambda x: x.shape, expected)
+    if jax.tree.map(lambda x: x.shape, variables) != expected_shapes:
+        raise CheckpointError(
+            f"checkpoint {checkpointer.directory / str(step)} does not match its config "
+            f"({config.name}: widths {config.model.widths}, image size {config.model.image_size})"
+        )
+    return Pipeline(config, variables, step=step, path=checkpointer.directory / str(step))
