@@ -8,6 +8,9 @@ import pytest
 from PIL import Image
 
 import ddim
+from ddim.spec import SamplingSpec
+from ddim.ui.checks import sampling_spec, spec_ranges
+from ddim.ui.command import cli_command
 from ddim.ui.workbench import CLI_BATCH_SIZE, MAX_SEED, Limits, UIError, Upload, Workbench, describe_devices
 
 
@@ -204,3 +207,74 @@ def test_header_and_limits(workbench, trained_workdir):
 
     assert describe_devices([Device("NVIDIA H100", "gpu")] * 2) == "2 x NVIDIA H100 (gpu)"
     assert describe_devices([Device("cpu", "cpu")]) == "cpu"
+
+
+def test_the_page_values_become_one_checked_spec():
+    ranges = spec_ranges(Limits(max_steps=8))
+    spec = sampling_spec({"steps": "3", "sampler": "dpmpp-2m", "spacing": "karras", "eta": "0"}, ranges)
+    assert spec == SamplingSpec(steps=3, sampler="dpmpp-2m", spacing="karras")
+    # A field the page does not limit goes to the spec as it came, and the spec's check words the error.
+    assert sampling_spec({"steps": 2, "guidance": "1.5"}, ranges).guidance == 1.5
+    with pytest.raises(UIError, match="the guidance scale must be >= 0, got -1"):
+        sampling_spec({"steps": 2, "guidance": -1}, ranges)
+    # The first bad field in the spec's order is the one named.
+    with pytest.raises(UIError, match="unknown sampler 'euler'"):
+        sampling_spec({"steps": 2, "sampler": "euler", "eta": 5}, ranges)
+    with pytest.raises(UIError, match=r"steps must be between 1 and 4, got 5$"):  # a page's own lower limit
+        sampling_spec({"steps": 5}, spec_ranges(Limits(max_steps=8), max_steps=4))
+    with pytest.raises(TypeError, match="not fields of SamplingSpec: cfg"):
+        sampling_spec({"steps": 2, "cfg": 1}, ranges)
+
+
+def test_the_command_writes_the_spec_fields_the_page_set():
+    spec = SamplingSpec(steps=4, spacing="logsnr", guidance=2.0)
+    assert cli_command("ck", "interpolate", **{"from": "1", "to": "a b.png"}, spec=spec, spec_fields=("steps", "spacing")) \
+        == "ddim interpolate --checkpoint ck --from 1 --to 'a b.png' --steps 4 --spacing logsnr"
+    fields = ("steps", "sampler", "spacing", "eta", "guidance")
+    assert cli_command("ck", "sample", num=2, spec=spec, spec_fields=fields) == \
+        "ddim sample --checkpoint ck --num 2 --steps 4 --sampler ddim --spacing logsnr --eta 0 --guidance 2"
+    assert "--guidance" not in cli_command("ck", "sample", spec=spec.replace(guidance=None), spec_fields=fields)
+
+
+class RecordingPipeline:
+    """A stand-in pipeline that records the spec each verb gets (no model, no compiling)."""
+
+    path, step = None, None
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(name="stub", model=SimpleNamespace(image_size=4, channels=3))
+        self.variables = {"params": {}}
+        self.specs = []
+
+    def generate(self, num_images, seed, batch_size, spec):
+        self.specs.append(spec)
+        return np.zeros((num_images, 4, 4, 3), np.uint8)
+
+    def trajectory(self, num_images, seed, batch_size, spec):
+        self.specs.append(spec)
+        return np.zeros((spec.steps, num_images, 4, 4, 3), np.uint8)
+
+
+def test_a_new_spec_field_passes_through_the_verbs_unchanged():
+    """What a guidance slider would send reaches the pipeline, the captions, the file names and the command."""
+    pipeline = RecordingPipeline()
+    bench = Workbench(pipeline, Limits(max_images=4, max_steps=8))
+    result = bench.sample(2, 3, 5, 0.5, guidance="1.5")
+    assert pipeline.specs[-1] == SamplingSpec(steps=3, eta=0.5, guidance=1.5)
+    assert result.captions[0] == "#0 · seed 5 · 3 steps · ddim · uniform · eta 0.5 · guidance 1.5"
+    assert result.names[0] == "seed5_3steps_ddim_uniform_eta0.5_guidance1.5_0000.png"
+    assert result.command.endswith("--num 2 --seed 5 --steps 3 --sampler ddim --spacing uniform --eta 0.5 --guidance 1.5")
+    result = bench.trajectory(1, 2, 0, guidance=3)
+    assert pipeline.specs[-1].guidance == 3.0 and result.command.endswith("--eta 0 --guidance 3")
+    assert bench.card.workdir is None and bench.card.parameters == 0
+
+
+def test_the_header_names_the_work_directory_of_a_checkpoint(tmp_path):
+    from ddim.ui.card import workdir_of
+    from ddim.workdir.layout import Workdir
+
+    runs = Workdir(tmp_path / "run")
+    assert workdir_of(runs.checkpoints / "6") == runs.root and workdir_of(runs.best / "3") == runs.root
+    assert workdir_of(tmp_path / "exported" / "7") is None and workdir_of(None) is None

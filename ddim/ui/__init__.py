@@ -1,9 +1,14 @@
 """``ddim serve``: a local web page to explore a trained model (the ``[ui]`` extra, Gradio).
 
 - :mod:`ddim.ui.workbench`: what the page does, without the web: the loaded
-  :class:`~ddim.sampling.Pipeline`, the server's limits, one method per page that
-  validates its input and calls the pipeline, one request at a time on the device.
-  Needs no Gradio.
+  :class:`~ddim.sampling.Pipeline`, one method per page that validates its input
+  and calls the pipeline with one :class:`~ddim.spec.SamplingSpec`. Needs no Gradio.
+  Its parts: :mod:`ddim.ui.checks` (numbers, seeds, the server's limits, the
+  spec from the page's values), :mod:`ddim.ui.uploads` (decoding uploads and
+  painted masks with their limits), :mod:`ddim.ui.device` (one request at a time
+  on the device), :mod:`ddim.ui.results` (captions, file names, the summary),
+  :mod:`ddim.ui.command` (the ``ddim`` command that reproduces a result) and
+  :mod:`ddim.ui.card` (the header: checkpoint, work directory, device).
 - :mod:`ddim.ui.page`: the Gradio page over a workbench (imports Gradio).
 - :mod:`ddim.ui.server`: starting and stopping the server (temporary files, host,
   port, signals).

@@ -26,16 +26,11 @@ from gradio.utils import get_upload_folder, is_in_or_equal
 
 from ddim.errors import UserError
 from ddim.images import save_gif, save_png
-from ddim.ui.workbench import (
-    MAX_ETA,
-    MAX_SEED,
-    MAX_TRAJECTORY_IMAGES,
-    MAX_TRAJECTORY_STEPS,
-    Result,
-    UIError,
-    Upload,
-    Workbench,
-)
+from ddim.spec import SAMPLERS, SPACINGS, SamplingSpec
+from ddim.ui.checks import MAX_ETA, MAX_SEED, UIError
+from ddim.ui.results import Result
+from ddim.ui.uploads import Upload
+from ddim.ui.workbench import MAX_TRAJECTORY_IMAGES, MAX_TRAJECTORY_STEPS, Workbench
 
 log = logging.getLogger("ddim.ui")
 
@@ -169,24 +164,24 @@ def build_page(workbench: Workbench) -> gr.Blocks:
 
 # -- controls shared by the tabs ------------------------------------------------------------------
 
+# The controls start at the spec's defaults, as `ddim sample` without options.
+DEFAULTS = SamplingSpec()
 SAMPLER_INFO = "dpmpp-2m/3m (DPM-Solver++) get closer to the converged image in few steps"
 SPACING_INFO = "the time grid: uniform in t (DDIM's), in log-SNR, or Karras'"
 
 
-def _steps(tab: str, limit: int, value: int = 20):
+def _steps(tab: str, limit: int, value: int = DEFAULTS.steps):
     return gr.Slider(1, limit, value=min(value, limit), step=1, label="steps (network calls per image)",
                      elem_id=f"{tab}-steps")
 
 
 def _sampler_controls(tab: str, limit: int, stochastic: bool = True):
     """Steps, sampler, spacing and (for the verbs that take it) eta; returns them in the verbs' order."""
-    from ddim import samplers
-
     steps = _steps(tab, limit)
     with gr.Row():
-        sampler = gr.Dropdown(list(samplers.SAMPLERS), value="ddim", label="sampler", info=SAMPLER_INFO,
+        sampler = gr.Dropdown(list(SAMPLERS), value=DEFAULTS.sampler, label="sampler", info=SAMPLER_INFO,
                               elem_id=f"{tab}-sampler", visible=stochastic)
-        spacing = gr.Dropdown(list(samplers.SPACINGS), value="uniform", label="spacing", info=SPACING_INFO,
+        spacing = gr.Dropdown(list(SPACINGS), value=DEFAULTS.spacing, label="spacing", info=SPACING_INFO,
                               elem_id=f"{tab}-spacing")
     eta = gr.Slider(0, MAX_ETA, value=0, step=0.05, label="eta (0: deterministic; 1: DDPM-like; ddim only)",
                     elem_id=f"{tab}-eta", visible=stochastic)

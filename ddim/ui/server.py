@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from ddim.errors import UserError
-from ddim.ui.workbench import Limits, Workbench
+from ddim.ui.checks import Limits
+from ddim.ui.workbench import Workbench
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 

@@ -1,0 +1,78 @@
+"""What a page shows for a request: images with captions and file names, notes, the summary under them."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+
+import numpy as np
+
+from ddim.spec import SamplingSpec
+
+
+@dataclasses.dataclass
+class Result:
+    """What a page shows: images with captions, how to reproduce them, how long it took."""
+
+    images: np.ndarray
+    captions: list[str]
+    command: str
+    seconds: float
+    compiled: bool
+    details: str = ""
+    names: list[str] = dataclasses.field(default_factory=list)  # file names for downloads
+    inputs: np.ndarray | None = None  # uploaded images as the model saw them (cropped and resized)
+    extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # more images to offer, by file name
+    animation: np.ndarray | None = None  # frames of an animated GIF
+    animation_name: str = "animation.gif"
+    noun: str = "image"  # what the images are, for the summary ("16 images in 2.10 s")
+    frame_ms: int = 100
+
+    def summary(self) -> str:
+        what = plural(len(self.images), self.noun)
+        note = " (including compiling for this shape: the first request of a shape compiles, later ones reuse it)"
+        lines = [f"{what} in {self.seconds:.2f} s{note if self.compiled else ''}."]
+        if self.details:
+            lines.append(self.details)
+        if self.command:
+            lines.append(f"```\n{self.command}\n```")
+        return "\n\n".join(lines)
+
+
+def caption(spec: SamplingSpec) -> str:
+    """``20 steps · ddim · uniform`` (then eta and guidance when they are set)."""
+    text = f"{spec.steps} steps · {spec.sampler} · {spec.spacing}"
+    if spec.eta:
+        text += f" · eta {spec.eta:g}"
+    if spec.guidance is not None:
+        text += f" · guidance {spec.guidance:g}"
+    return text
+
+
+def file_stem(seed: int, spec: SamplingSpec) -> str:
+    """``seed7_20steps_ddim_uniform_eta0``: the settings in a download's name."""
+    stem = f"seed{seed}_{spec.steps}steps_{spec.sampler}_{spec.spacing}_eta{spec.eta:g}"
+    return stem if spec.guidance is None else f"{stem}_guidance{spec.guidance:g}"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def join(*parts: str) -> str:
+    """The non-empty parts, separated by spaces."""
+    return " ".join(part for part in parts if part)
+
+
+def notes_text(notes: list[str]) -> str:
+    return " ".join(f"Note: {note}." for note in dict.fromkeys(notes))
+
+
+@contextlib.contextmanager
+def collect_notices(notes: list[str]):
+    """Collect the pipeline's notices (``UserWarning``: an image resized to the model's size) into ``notes``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        yield
+    notes.extend(str(w.message) for w in caught if issubclass(w.category, UserWarning))
