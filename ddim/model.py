@@ -95,7 +95,8 @@ class DiffusionModel(nn.Module):
 def init_variables(model: DiffusionModel, rng):
     """Initial ``{"params", "batch_stats"}`` of ``model`` (shapes only depend on the model)."""
     images = jnp.zeros((1, *model.image_shape), jnp.float32)
-    return model.init(rng, images, rng, train=True)
+    # The same key for parameters and dropout: the parameters are those of init(rng) either way.
+    return model.init({"params": rng, "dropout": rng}, images, rng, train=True)
 
 
 def bind_denoiser(model: DiffusionModel, variables):

@@ -1,9 +1,12 @@
-"""The UNet of the Keras example "Denoising Diffusion Implicit Models" (A. Béres).
+"""The UNet of the Keras example "Denoising Diffusion Implicit Models" (A. Béres), with the recipe's options.
 
 Residual blocks without normalisation scale/offset, average pooling down,
 bilinear upsampling up, a sinusoidal embedding of the noise variance broadcast
 over the image and concatenated to the input, and a zero-initialised output
-convolution so the untrained network outputs zero.
+convolution so the untrained network outputs zero. Options (``ModelConfig``):
+self-attention after the blocks of chosen resolutions, the noise embedding in
+every block by scale and shift, and dropout. With the defaults the parameters
+and the computation are the Keras example's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import jax.numpy as jnp
 
 from ddim import ops
 from ddim.config import ModelConfig
+from ddim.nn.attention import SelfAttention
 from ddim.nn.blocks import ResidualBlock
 from ddim.nn.embeddings import sinusoidal_embedding
 from ddim.nn.layers import Conv, compute_dtype
@@ -30,31 +34,44 @@ class UNet(nn.Module):
 
     config: ModelConfig
 
+    def block(self, width: int, x, train: bool, embedding):
+        """A residual block, followed by self-attention when ``x``'s resolution is in ``attention_resolutions``."""
+        c, dtype = self.config, compute_dtype(self.config)
+        x = ResidualBlock(width, dtype, c.dropout)(x, train, embedding)
+        if x.shape[1] in c.attention_resolutions:
+            x = SelfAttention(c.attention_heads, dtype)(x)
+        return x
+
     @nn.compact
     def __call__(self, noisy_images, noise_variances, train: bool, cond=None):
         c, dtype = self.config, compute_dtype(self.config)
         batch, height, width, _ = noisy_images.shape
-        embedding = sinusoidal_embedding(
+        noise_embedding = sinusoidal_embedding(
             noise_variances, c.embedding_dims, c.embedding_min_frequency, c.embedding_max_frequency
         )
+        block_embedding = None
+        if c.embedding_injection == "every-block":
+            # ADM's time embedding: an MLP of the sinusoidal features, shared by every block.
+            hidden = nn.swish(nn.Dense(4 * c.embedding_dims, dtype=dtype, name="embedding_in")(noise_embedding))
+            block_embedding = nn.Dense(4 * c.embedding_dims, dtype=dtype, name="embedding_out")(hidden)
         # Keras upsamples the 1x1 embedding to the image size with nearest-neighbour: a broadcast.
-        embedding = jnp.broadcast_to(embedding, (batch, height, width, c.embedding_dims))
+        embedding = jnp.broadcast_to(noise_embedding, (batch, height, width, c.embedding_dims))
         x = Conv(c.widths[0], 1, dtype, name="stem")(noisy_images)
         x = jnp.concatenate([x, embedding.astype(x.dtype)], axis=-1)
 
         skips = []
         for level_width in c.widths[:-1]:
             for _ in range(c.block_depth):
-                x = ResidualBlock(level_width, dtype)(x, train)
+                x = self.block(level_width, x, train, block_embedding)
                 skips.append(x)
             x = ops.average_pool_2x(x)
         for _ in range(c.block_depth):
-            x = ResidualBlock(c.widths[-1], dtype)(x, train)
+            x = self.block(c.widths[-1], x, train, block_embedding)
         for level_width in reversed(c.widths[:-1]):
             x = ops.upsample_bilinear_2x(x)
             for _ in range(c.block_depth):
                 x = jnp.concatenate([x, skips.pop()], axis=-1)
-                x = ResidualBlock(level_width, dtype)(x, train)
+                x = self.block(level_width, x, train, block_embedding)
         # Zero-initialised so the untrained model outputs zero (the identity denoiser for noise prediction).
         x = Conv(noisy_images.shape[-1], 1, dtype, kernel_init=nn.initializers.zeros, name="head")(x)
         return x.astype(jnp.float32)
