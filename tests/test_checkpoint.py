@@ -1,4 +1,4 @@
-"""Checkpoints (ddim/checkpoint.py): round trip, stored config, and clear errors."""
+"""Checkpoints (ddim/checkpoint/): round trip, stored config, and clear errors."""
 
 import shutil
 
@@ -8,6 +8,7 @@ import pytest
 
 from ddim import checkpoint as ckpt
 from ddim.train import state as train_lib
+from ddim.workdir import Workdir
 from tests.conftest import tiny_config
 
 
@@ -15,7 +16,7 @@ def test_round_trip_restores_the_exact_state(tmp_path):
     config = tiny_config()
     state = train_lib.create_train_state(config, jax.random.key(0))
     state = state.replace(step=state.step + 5)
-    checkpointer = ckpt.Checkpointer(tmp_path / "checkpoints", keep=2)
+    checkpointer = ckpt.Checkpointer(Workdir(tmp_path).checkpoints, keep=2)
     checkpointer.save(5, train_lib.state_to_dict(state), config)
     checkpointer.wait()
     template = train_lib.create_train_state(config, jax.random.key(1))  # other values, same structure
@@ -41,11 +42,11 @@ def test_locate_errors_and_forms(trained_workdir, tmp_path):
         ckpt.locate(workdir=tmp_path)
     with pytest.raises(ckpt.CheckpointError, match="checkpoint not found"):
         ckpt.locate(checkpoint=tmp_path / "missing")
-    for form in (trained_workdir, trained_workdir / "checkpoints"):  # the newest intact step, found on restore
+    for form in (trained_workdir, Workdir(trained_workdir).checkpoints):  # the newest intact step, found on restore
         checkpointer, step = ckpt.locate(checkpoint=form)
         assert step is None and checkpointer.latest_step() == 6
     for named in (6, 4):
-        _, step = ckpt.locate(checkpoint=trained_workdir / "checkpoints" / str(named))
+        _, step = ckpt.locate(checkpoint=Workdir(trained_workdir).checkpoints / str(named))
         assert step == named
 
 
@@ -61,10 +62,11 @@ def test_corrupt_checkpoint_is_a_clear_error(trained_workdir, tmp_path):
 
     workdir = tmp_path / "corrupt"
     shutil.copytree(trained_workdir, workdir)
-    for path in (workdir / "checkpoints" / "6" / "state").rglob("*"):
+    for path in (Workdir(workdir).checkpoints / "6" / "state").rglob("*"):
         if path.is_file() and path.stat().st_size > 0:
             path.write_bytes(b"garbage")
     # Named, it is an error; the work directory falls back to step 4 (tests/test_faults.py has the variants).
     with pytest.raises(ckpt.CheckpointError, match="checkpoint .*/6 is damaged: .* not valid JSON"):
-        load(workdir / "checkpoints" / "6")
+        load(Workdir(workdir).checkpoints / "6")
     assert load(workdir, warn=lambda message: None).step == 4
+
