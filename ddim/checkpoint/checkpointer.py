@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from ddim.checkpoint import verify
+import ddim.checkpoint.verify as verify  # the module itself, not the package facade
 from ddim.checkpoint.errors import CheckpointError, CheckpointSaveError, DamagedCheckpoint
 from ddim.checkpoint.quiet import orbax
 from ddim.config import Config, ConfigError, from_dict

@@ -54,7 +54,9 @@ def load_ema(path: str | Path, step: int | None = None, warn: Callable[[str], No
     return LoadedCheckpoint(config, variables, step, where)
 
 
-def _restore_newest(checkpointer: Checkpointer, step: int | None, warn) -> tuple[Config, dict[str, Any], int]:
+def _restore_newest(
+    checkpointer: Checkpointer, step: int | None, warn: Callable[[str], None] | None
+) -> tuple[Config, dict[str, Any], int]:
     """Config, state dict and step of ``step`` (or of the newest intact checkpoint); closes ``checkpointer``."""
     try:
         found = checkpointer.restore(
