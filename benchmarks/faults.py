@@ -128,6 +128,13 @@ def resumed_from(text: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def checkpoints_of(workdir: Path) -> Path:
+    """The checkpoints folder of ``workdir``, as ddim names it."""
+    from ddim.workdir.layout import Workdir  # here: importing ddim sets XLA_FLAGS, which every run inherits
+
+    return Workdir(workdir).checkpoints
+
+
 def complete_steps(checkpoints: Path) -> list[int]:
     if not checkpoints.is_dir():
         return []
@@ -150,7 +157,7 @@ def final_state(workdir: Path):
 
     from ddim.checkpoint import Checkpointer
 
-    checkpointer = Checkpointer(workdir / "checkpoints", create=False)
+    checkpointer = Checkpointer(checkpoints_of(workdir), create=False)
     step = checkpointer.latest_step()
     state = checkpointer.restore_state(step)
     checkpointer.close()
@@ -173,7 +180,7 @@ def kill_campaign(ctx, reference: Path, timing: dict) -> Row:
     row = Row("kill -9 at random moments (start-up, steps, checkpoint writes)")
     rng = random.Random(ctx.seed)
     workdir = ctx.root / "killed"
-    checkpoints = workdir / "checkpoints"
+    checkpoints = checkpoints_of(workdir)
     total = timing["total_steps"]
     phases = {"start-up": 0, "training": 0, "checkpoint write": 0, "end (final save, grid)": 0}
     awaiting = []  # kills whose resume point the next run that gets past start-up will tell
@@ -291,7 +298,7 @@ DAMAGES = {
 
 def damaged_checkpoints(ctx, reference: Path) -> list[Row]:
     rows = []
-    steps = complete_steps(reference / "checkpoints")
+    steps = complete_steps(checkpoints_of(reference))
     newest, previous = steps[-1], steps[-2]
     for name, damage in DAMAGES.items():
         row = Row(f"damaged newest checkpoint: {name}")
@@ -299,7 +306,7 @@ def damaged_checkpoints(ctx, reference: Path) -> list[Row]:
         for what in ("train", "sample"):
             workdir = ctx.root / f"damaged-{slug}-{what}"
             shutil.copytree(reference, workdir)
-            damage(workdir / "checkpoints" / str(newest))
+            damage(checkpoints_of(workdir) / str(newest))
             row.injected += 1
             if what == "train":
                 run = Run(train_args(ctx.config, workdir, ctx.settings, ctx.cache), ctx.logs / f"{slug}-train.log")
@@ -313,7 +320,7 @@ def damaged_checkpoints(ctx, reference: Path) -> list[Row]:
             row.check(code == 0, f"{what} exited {code}: {error_lines(text)}")
             row.check(len(warned) == 1, f"{what}: {len(warned)} warnings")
             row.check("Traceback" not in text, f"{what}: traceback")
-            row.check((workdir / "checkpoints" / f"{newest}.damaged").is_dir(), f"{what}: not set aside")
+            row.check((checkpoints_of(workdir) / f"{newest}.damaged").is_dir(), f"{what}: not set aside")
             if what == "train":
                 row.resumed += resumed_from(text) == previous
                 row.steps_lost += newest - resumed_from(text)
@@ -344,8 +351,8 @@ def disk_full(ctx, reference: Path) -> Row:
     if prefix is None:
         row.notes.append("skipped: this platform allows no tmpfs mount here (tests/test_faults.py simulates ENOSPC)")
         return row
-    step_kib = int(subprocess.run(["du", "-sk", str(reference / "checkpoints" / str(complete_steps(
-        reference / "checkpoints")[-1]))], capture_output=True, text=True).stdout.split()[0])
+    step_kib = int(subprocess.run(["du", "-sk", str(checkpoints_of(reference) / str(complete_steps(
+        checkpoints_of(reference))[-1]))], capture_output=True, text=True).stdout.split()[0])
     size_kib = int(2.5 * step_kib) + 64
     mount = ctx.root / "small-disk"
     mount.mkdir()
@@ -357,7 +364,7 @@ def disk_full(ctx, reference: Path) -> Row:
         f"mount -t tmpfs -o size={size_kib}k tmpfs '{mount}' || exit 99\n"
         f"cd '{REPO}'\n"
         f"{quoted} > '{out}/first.log' 2>&1; echo $? > '{out}/first.rc'\n"
-        f"ls -a '{mount}/run/checkpoints' > '{out}/listing'\n"
+        f"ls -a '{checkpoints_of(mount / 'run')}' > '{out}/listing'\n"
         f"mount -o remount,size=262144k '{mount}'\n"
         f"{quoted} > '{out}/second.log' 2>&1; echo $? > '{out}/second.rc'\n"
         f"cp -r '{mount}/run' '{out}/run'\n"
@@ -446,7 +453,7 @@ def two_process_stop(ctx) -> Row:
     row.check(codes == [130, 130], f"exit codes {codes}")
     row.check(stops[0] == stops[1] and len(stops[0]) == 1, f"stop steps {stops}")
     stopped = int(stops[0][0]) if stops[0] else 0
-    row.check(complete_steps(workdir / "checkpoints")[-1:] == [stopped], "no checkpoint at the stop step")
+    row.check(complete_steps(checkpoints_of(workdir))[-1:] == [stopped], "no checkpoint at the stop step")
     runs = _two_processes(ctx, workdir, "two-resumed")
     row.check([r.wait() for r in runs] == [0, 0], "the resumed two-process run failed")
     row.resumed = int(all(resumed_from(r.text()) == stopped for r in runs))

@@ -27,7 +27,7 @@ from ddim.cli import app
 from ddim.errors import environment_error, path_in_message
 from ddim.train import loop
 from ddim.train import state as state_lib
-from ddim.workdir import LOCK_FILE, Holder, WorkdirError, WorkdirLock, live_holder
+from ddim.workdir import LOCK_FILE, Holder, Workdir, WorkdirError, WorkdirLock, live_holder
 from tests.conftest import CONFIGS, REPO, TINY, mock_flowers, real_data_dir, tiny_config
 
 runner = CliRunner()
@@ -89,7 +89,7 @@ DAMAGES = {
 def test_damaged_newest_checkpoint_is_skipped_set_aside_and_never_latest_again(trained_workdir, tmp_path, damage):
     workdir = _copy(trained_workdir, tmp_path)
     damage_fn, reason = DAMAGES[damage]
-    newest = workdir / "checkpoints" / "6"
+    newest = Workdir(workdir).checkpoints / "6"
     damage_fn(newest)
     # Named explicitly, a damaged step is an error that says why, and nothing moves.
     with pytest.raises(ckpt.CheckpointError, match=f"checkpoint {newest} is damaged: {reason}"):
@@ -99,11 +99,11 @@ def test_damaged_newest_checkpoint_is_skipped_set_aside_and_never_latest_again(t
     pipe = ddim.load(workdir, warn=warnings.append)
     assert pipe.step == 4
     assert len(warnings) == 1 and f"skipping damaged checkpoint {newest} ({reason}" in warnings[0]
-    aside = workdir / "checkpoints" / "6.damaged"
+    aside = Workdir(workdir).checkpoints / "6.damaged"
     assert not newest.exists() and aside.is_dir() and reason in (aside / "DAMAGED.txt").read_text()
     # Never counted as the latest again: no second warning, and orbax does not list it.
     assert ddim.load(workdir, warn=warnings.append).step == 4 and len(warnings) == 1
-    assert ckpt.Checkpointer(workdir / "checkpoints", create=False).all_steps() == [4]
+    assert ckpt.Checkpointer(Workdir(workdir).checkpoints, create=False).all_steps() == [4]
     with pytest.raises(ckpt.CheckpointError, match="set aside as damaged"):
         ddim.load(aside)
 
@@ -111,7 +111,7 @@ def test_damaged_newest_checkpoint_is_skipped_set_aside_and_never_latest_again(t
 @pytest.mark.slow
 def test_resume_skips_a_damaged_checkpoint_and_ends_bit_identical(trained_workdir, tmp_path, monkeypatch):
     workdir = _copy(trained_workdir, tmp_path)
-    _truncate_data(workdir / "checkpoints" / "6")
+    _truncate_data(Workdir(workdir).checkpoints / "6")
     real, holders = state_lib.compiled_steps, []
 
     def observed(decay, warmup, mesh=None):  # who holds the work directory while each step runs
@@ -126,31 +126,31 @@ def test_resume_skips_a_damaged_checkpoint_and_ends_bit_identical(trained_workdi
     assert [holder.pid for holder in holders] == [os.getpid()] * 2  # the lock lives as long as the run
     assert not (workdir / LOCK_FILE).exists()
     assert any("skipping damaged checkpoint" in w and "truncated" in w for w in warnings), warnings
-    _assert_same_state(_state(workdir / "checkpoints", 6), _state(trained_workdir / "checkpoints", 6))
-    assert (workdir / "checkpoints" / "6.damaged").is_dir()
+    _assert_same_state(_state(Workdir(workdir).checkpoints, 6), _state(Workdir(trained_workdir).checkpoints, 6))
+    assert (Workdir(workdir).checkpoints / "6.damaged").is_dir()
 
 
 def test_all_checkpoints_damaged_is_an_error_that_keeps_them(trained_workdir, tmp_path):
     workdir = _copy(trained_workdir, tmp_path)
     for step in (4, 6):
-        (workdir / "checkpoints" / str(step) / "state" / "_METADATA").write_text("not json")
+        (Workdir(workdir).checkpoints / str(step) / "state" / "_METADATA").write_text("not json")
     with pytest.raises(ckpt.CheckpointError, match=r"no intact checkpoint .*every one is damaged \(steps 6, 4\)"):
         ddim.load(workdir, warn=lambda message: None)
-    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4.damaged", "6.damaged"]
+    assert sorted(p.name for p in Workdir(workdir).checkpoints.iterdir()) == ["4.damaged", "6.damaged"]
 
 
 def test_a_reader_leaves_the_checkpoints_of_a_live_trainer_in_place(trained_workdir, tmp_path):
     workdir = _copy(trained_workdir, tmp_path)
-    (workdir / "checkpoints" / "6" / "_CHECKPOINT_METADATA").write_text("{")
+    (Workdir(workdir).checkpoints / "6" / "_CHECKPOINT_METADATA").write_text("{")
     warnings = []
     with WorkdirLock(workdir):  # a trainer owns the directory: sampling still works, nothing moves
         assert ddim.load(workdir, warn=warnings.append).step == 4
     assert len(warnings) == 1 and "moved aside" not in warnings[0]
-    assert (workdir / "checkpoints" / "6").is_dir()
+    assert (Workdir(workdir).checkpoints / "6").is_dir()
 
 
 def test_unreadable_is_not_damaged(trained_workdir):
-    checkpointer = ckpt.Checkpointer(trained_workdir / "checkpoints", create=False)
+    checkpointer = ckpt.Checkpointer(Workdir(trained_workdir).checkpoints, create=False)
     denied = checkpointer._read_error(6, PermissionError(errno.EACCES, "Permission denied"))
     assert not isinstance(denied, ckpt.DamagedCheckpoint) and "permission denied" in str(denied)
     truncated = checkpointer._read_error(6, ValueError('OUT_OF_RANGE: Error reading "params.x/0.0" in OCDBT'))
@@ -224,7 +224,7 @@ def test_disk_full_during_a_save_is_one_line_keeps_the_last_checkpoint_and_resum
     """The disk fills up after the step-4 checkpoint: the step-6 save fails with one line, its temporary
     directory is removed, and once there is room the same command resumes from step 4."""
     workdir = (small_disk or tmp_path) / "run"
-    checkpoints = workdir / "checkpoints"
+    checkpoints = Workdir(workdir).checkpoints
     real = state_lib.compiled_steps
     filler = []
 
@@ -267,7 +267,7 @@ def test_disk_full_during_a_save_is_one_line_keeps_the_last_checkpoint_and_resum
     with mock_flowers():
         result = runner.invoke(app, _tiny_cli("--workdir", str(workdir), *no_grids))
     assert result.exit_code == 0 and "resuming from step 4" in result.output, result.output
-    _assert_same_state(_state(checkpoints, 6), _state(trained_workdir / "checkpoints", 6))
+    _assert_same_state(_state(checkpoints, 6), _state(Workdir(trained_workdir).checkpoints, 6))
 
 
 @pytest.mark.slow
@@ -333,7 +333,7 @@ def test_a_second_trainer_stops_at_once_naming_the_first(trained_workdir, tmp_pa
             with mock_flowers():
                 loop.train(tiny_config("train.max_steps=8"), workdir, **QUIET)
         assert ddim.load(workdir).step == 6  # sampling and eval stay allowed
-    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "6"]
+    assert sorted(p.name for p in Workdir(workdir).checkpoints.iterdir()) == ["4", "6"]
     assert not (workdir / LOCK_FILE).exists() and live_holder(workdir) is None
 
 
@@ -385,15 +385,15 @@ def test_kill_9_during_a_save_resumes_to_bit_identical_parameters(trained_workdi
     workdir = tmp_path / "killed"
     # Every step is saved, so the kill lands in a save well before the end (step 6, as trained_workdir).
     args = {"workdir": str(workdir), "max_steps": 6, "overrides": ["train.checkpoint_every=1"]}
-    partial = _kill_during_a_save(_worker("train", args), workdir / "checkpoints")
+    partial = _kill_during_a_save(_worker("train", args), Workdir(workdir).checkpoints)
     killed_at = int(partial.split(".")[0])
-    complete = ckpt.Checkpointer(workdir / "checkpoints", create=False).all_steps()
+    complete = ckpt.Checkpointer(Workdir(workdir).checkpoints, create=False).all_steps()
     assert all(step < killed_at for step in complete)
     with mock_flowers():
         result = loop.train(tiny_config("train.checkpoint_every=1"), workdir, **QUIET)
     assert result.start_step == (max(complete) if complete else 0) and result.final_step == 6
-    assert not list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))  # the partial save is gone
-    _assert_same_state(_state(workdir / "checkpoints", 6), _state(trained_workdir / "checkpoints", 6))
+    assert not list(Workdir(workdir).checkpoints.glob("*.orbax-checkpoint-tmp*"))  # the partial save is gone
+    _assert_same_state(_state(Workdir(workdir).checkpoints, 6), _state(Workdir(trained_workdir).checkpoints, 6))
 
 
 @pytest.mark.slow
@@ -428,5 +428,5 @@ def test_a_stop_on_one_of_two_processes_stops_both_at_one_step_with_one_checkpoi
     assert results[0]["final"] == results[1]["final"] < 400
     final = results[0]["final"]
     assert final >= signalled
-    steps = ckpt.Checkpointer(tmp_path / "run" / "checkpoints", create=False).all_steps()
-    assert steps[-1] == final and not list((tmp_path / "run" / "checkpoints").glob("*tmp*"))
+    steps = ckpt.Checkpointer(Workdir(tmp_path / "run").checkpoints, create=False).all_steps()
+    assert steps[-1] == final and not list(Workdir(tmp_path / "run").checkpoints.glob("*tmp*"))

@@ -1,4 +1,4 @@
-"""Orbax checkpoints that carry their own config, so a checkpoint alone rebuilds the model.
+"""The :class:`Checkpointer`: orbax checkpoints that carry their own config, so a checkpoint alone rebuilds the model.
 
 Layout: ``<workdir>/checkpoints/<step>/{state,config}``; ``state`` is the train
 state as a plain nested dict (params, optimiser state, batch statistics, EMA
@@ -8,24 +8,17 @@ so an interrupted save never damages an earlier checkpoint.
 
 Storage still fails in other ways (a crash of the disk, a partial copy, a full
 file system), so every restore is verified: :meth:`Checkpointer.restore` checks
-the files of the newest checkpoint (:meth:`Checkpointer.problem`), restores it,
-and when either fails falls back to the previous one with a one-line warning.
-Damaged checkpoints are renamed ``<step>.damaged`` (never deleted), which orbax
-does not list, so they never count as the latest again. A save that fails
-(:class:`CheckpointSaveError`) says why in one line and leaves no temporary
-directory behind.
+the files of the newest checkpoint (:mod:`ddim.checkpoint.verify`), restores
+it, and when either fails falls back to the previous one with a one-line
+warning. Damaged checkpoints are renamed ``<step>.damaged`` (never deleted),
+which orbax does not list, so they never count as the latest again. A save
+that fails (:class:`CheckpointSaveError`) says why in one line and leaves no
+temporary directory behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime
-import errno
-import json
-import logging
-import os
-import re
 import shutil
 import sys
 import threading
@@ -33,126 +26,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+import ddim.checkpoint.verify as verify  # the module itself, not the package facade
+from ddim.checkpoint.errors import CheckpointError, CheckpointSaveError, DamagedCheckpoint
+from ddim.checkpoint.quiet import orbax
 from ddim.config import Config, ConfigError, from_dict
-from ddim.errors import UserError, debug, environment_error, first_line, os_error_code
-
-CHECKPOINT_DIR = "checkpoints"
-DAMAGED_SUFFIX = ".damaged"
+from ddim.errors import environment_error, first_line
 
 T = TypeVar("T")
-
-
-class CheckpointError(UserError, RuntimeError):
-    """No usable checkpoint where one was expected (the message says where and why)."""
-
-
-class DamagedCheckpoint(CheckpointError):
-    """A checkpoint whose files are missing, truncated or garbled."""
-
-    def __init__(self, path: Path, reason: str):
-        super().__init__(f"checkpoint {path} is damaged: {reason}")
-        self.path, self.reason = path, reason
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save failed (full disk, lost permission, ...); older checkpoints are untouched."""
-
-    def __init__(self, message: str, step: int):
-        super().__init__(message)
-        self.step = step
-
-
-def _ocp():
-    import orbax.checkpoint as ocp
-
-    _quiet_library_noise()
-    return ocp
-
-
-class _OrbaxLogFilter(logging.Filter):
-    """Drops orbax's warning and error logs (tracebacks of a failed save or restore, notes on damaged
-    files): what matters is raised as an error or printed as a one-line warning by this module."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
-
-
-class _OrbaxTaskFilter(logging.Filter):
-    """Drops asyncio's "Task exception was never retrieved" for orbax's writes of a save that failed."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "orbax" in record.getMessage())
-
-
-def _quiet_unraisable(previous):
-    # When one read or write of a batch fails, orbax's event loop closes while TensorStore still
-    # completes the others; each completion then reports "Event loop is closed" (or, at exit,
-    # "Python is likely shutting down"), dozens of tracebacks that add nothing to the error raised.
-    def hook(unraisable):
-        text = str(unraisable.exc_value)
-        if isinstance(unraisable.exc_value, (RuntimeError, ImportError)) and (
-            "Event loop is closed" in text or "likely shutting down" in text
-        ):
-            return
-        previous(unraisable)
-
-    return hook
-
-
-@dataclasses.dataclass
-class _Quiet:
-    installed: bool = False
-
-
-_QUIET = _Quiet()
-
-
-def _quiet_library_noise() -> None:
-    """Once per process, unless ``DDIM_DEBUG`` is set: see the two helpers above."""
-    if _QUIET.installed or debug():
-        return
-    _QUIET.installed = True
-    logging.getLogger("absl").addFilter(_OrbaxLogFilter())
-    logging.getLogger("asyncio").addFilter(_OrbaxTaskFilter())
-    sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
-
-
-def checkpoint_dir(workdir: str | Path) -> Path:
-    return Path(workdir).absolute() / CHECKPOINT_DIR
-
-
-# Errors that say the storage cannot be read right now, not that the checkpoint is damaged:
-# moving a checkpoint aside for them would hide a good checkpoint behind a passing fault.
-_NOT_DAMAGE = {errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE}
-
-
-def _damage_reason(error: BaseException) -> str | None:
-    """Why an orbax/TensorStore restore failure means damaged files, naming the array where it can; else None."""
-    chain, cause = [], error
-    while cause is not None and len(chain) < 10:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    if any(isinstance(e, json.JSONDecodeError) for e in chain):
-        return "a metadata file is not valid JSON"
-    text = " | ".join(str(e) for e in chain)
-    item = re.search(r"Item \"(\w+)\" was not found", text)
-    if item:
-        return f"its {item.group(1)!r} item is missing"
-    array = re.search(r'"([^"/]+)(?:/[^"]*)?" in OCDBT', text)
-    where = f" (array {array.group(1)})" if array else ""
-    if "OUT_OF_RANGE" in text or "byte range" in text.lower():
-        return "a data file is truncated" + where
-    if "DATA_LOSS" in text or "corrupt" in text.lower():
-        return "a data file is corrupt" + where
-    if "NOT_FOUND" in text or "does not exist" in text or "not found" in text.lower():
-        return "a file is missing" + where
-    return None  # not recognisably damage: reported as it is, and the checkpoint stays where it is
-
-
-def _process_count() -> int:
-    import jax
-
-    return jax.process_count()
 
 
 class Checkpointer:
@@ -172,7 +52,7 @@ class Checkpointer:
         best_metric: str | None = None,
         best_mode: str = "min",
     ):
-        ocp = _ocp()
+        ocp = orbax()
         self.directory = Path(directory).absolute()
         self.best_metric = best_metric
         self.read_only = not create
@@ -223,7 +103,7 @@ class Checkpointer:
         ``metrics`` are stored with the step; with ``best_metric`` they decide retention.
         Raises :class:`CheckpointSaveError` when this save cannot start or the previous one failed.
         """
-        ocp = _ocp()
+        ocp = orbax()
         self.wait()  # the previous save first, so that its failure names its own step
         try:
             self.manager.save(
@@ -295,7 +175,7 @@ class Checkpointer:
         Without ``target`` every array lands on this process's first device, whatever
         devices saved it (a checkpoint of 8 GPUs or 2 hosts samples on one CPU).
         """
-        ocp = _ocp()
+        ocp = orbax()
         try:
             if target is None:
                 target = self._single_device_target(step)  # None if unreadable: the restore says why
@@ -306,7 +186,7 @@ class Checkpointer:
     def _single_device_target(self, step: int) -> dict[str, Any] | None:
         import jax
 
-        ocp = _ocp()
+        ocp = orbax()
         metadata = ocp.StandardCheckpointer().metadata(self.directory / str(step) / "state").item_metadata
         if metadata is None:
             return None
@@ -314,7 +194,7 @@ class Checkpointer:
         return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), metadata.tree)
 
     def restore_config(self, step: int) -> Config:
-        ocp = _ocp()
+        ocp = orbax()
         try:
             values = self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
         except Exception as error:  # a missing or damaged JSON item
@@ -326,48 +206,12 @@ class Checkpointer:
 
     def _read_error(self, step: int, error: BaseException) -> CheckpointError:
         """Damage (files missing, truncated, garbled) or another failure, which must not move anything."""
-        path = self.directory / str(step)
-        if os_error_code(error) in _NOT_DAMAGE:
-            return CheckpointError(f"cannot read checkpoint {path}: {environment_error(error)}")
-        reason = _damage_reason(error)
-        if reason is None:
-            return CheckpointError(f"cannot restore checkpoint {path}: {first_line(error)}")
-        return DamagedCheckpoint(path, reason)
+        return verify.read_error(self.directory / str(step), error)
 
     def problem(self, step: int) -> str | None:
-        """What is wrong with the files of ``step``, found without reading its arrays; None if nothing.
-
-        Catches an empty directory, a missing item or manifest, garbled JSON
-        metadata and empty data files; truncated or garbled array data only
-        shows when restoring (which :meth:`restore` does next).
-        """
-        path = self.directory / str(step)
-        try:
-            if not any(path.iterdir()):
-                return "the directory is empty"
-            for item in ("state", "config"):
-                if not (path / item).is_dir():
-                    return f"its {item!r} item is missing"
-            for name in ("state/_METADATA", "state/manifest.ocdbt", "config/metadata"):
-                if not (path / name).is_file():
-                    return f"{name} is missing"
-            json_files = [path / "_CHECKPOINT_METADATA", path / "state" / "_METADATA", path / "state" / "_sharding",
-                          path / "config" / "metadata", *(path / "state" / "array_metadatas").glob("*")]
-            for file in json_files:
-                if file.is_file():
-                    try:
-                        json.loads(file.read_bytes())
-                    except ValueError:
-                        return f"{file.relative_to(path)} is not valid JSON"
-            data = [*path.glob("state/**/manifest.ocdbt"), *path.glob("state/**/d/*")]
-            for file in data:
-                if file.is_file() and file.stat().st_size == 0:
-                    return f"{file.relative_to(path)} is empty"
-        except OSError as error:
-            if os_error_code(error) in _NOT_DAMAGE:
-                raise CheckpointError(f"cannot read checkpoint {path}: {environment_error(error)}") from None
-            return environment_error(error) or first_line(error)
-        return None
+        """What is wrong with the files of ``step``, found without reading its arrays; None if nothing
+        (see :func:`ddim.checkpoint.verify.problem`; :meth:`restore` reads the arrays next)."""
+        return verify.problem(self.directory / str(step))
 
     def restore(
         self,
@@ -403,7 +247,7 @@ class Checkpointer:
             steps = ", ".join(map(str, damaged))
             raise CheckpointError(
                 f"no intact checkpoint in {self.directory}: every one is damaged (steps {steps}); "
-                f"they were kept as <step>{DAMAGED_SUFFIX} where they could be moved"
+                f"they were kept as <step>{verify.DAMAGED_SUFFIX} where they could be moved"
             )
         return None
 
@@ -414,7 +258,7 @@ class Checkpointer:
                 result = restore(step)
             except DamagedCheckpoint as error:
                 reason = error.reason
-        reason = _agreed_problem(reason)
+        reason = verify.agreed_problem(reason)
         if reason is not None:
             raise DamagedCheckpoint(self.directory / str(step), reason)
         return result
@@ -426,98 +270,10 @@ class Checkpointer:
         a training run owns it (a trainer sets its own damaged checkpoints aside).
         In a multi-process run process 0 renames and the others wait for it.
         """
-        import jax
-
-        source = self.directory / str(step)
-        target = None
-        if jax.process_index() == 0 and (not self.read_only or _no_live_trainer(self.directory)):
-            target = self.directory / f"{step}{DAMAGED_SUFFIX}"
-            suffix = 2
-            while target.exists():
-                target, suffix = self.directory / f"{step}{DAMAGED_SUFFIX}.{suffix}", suffix + 1
-            try:
-                source.rename(target)
-            except OSError:
-                target = None
-            else:
-                stamp = datetime.datetime.now().isoformat(sep=" ", timespec="seconds")
-                with contextlib.suppress(OSError):
-                    (target / "DAMAGED.txt").write_text(f"{stamp}: set aside by ddim: {reason}\n")
-        if _process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"ddim_set_aside_{step}")
+        target = verify.set_aside(self.directory, step, reason, self.read_only)
         self.manager.reload()
         return target
 
 
-def _agreed_problem(reason: str | None) -> str | None:
-    """In a multi-process run a checkpoint damaged for one process is damaged for all."""
-    if _process_count() == 1:
-        return reason
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    votes = multihost_utils.process_allgather(np.int32(reason is not None))
-    if reason is None and np.any(votes):
-        return "another process could not read it"
-    return reason
-
-
-def _no_live_trainer(directory: Path) -> bool:
-    """Whether nothing trains in the work directory of ``directory`` (its ``checkpoints`` folder)."""
-    from ddim.workdir import live_holder
-
-    workdir = directory.parent if directory.name == CHECKPOINT_DIR else directory
-    return live_holder(workdir) is None
-
-
 def _warn_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def locate(workdir: str | Path | None = None, checkpoint: str | Path | None = None) -> tuple[Checkpointer, int | None]:
-    """Open a checkpoint directory: ``(checkpointer, step)``, ``step`` None unless a step directory is named.
-
-    ``checkpoint`` is a step directory, a work directory or its ``checkpoints``
-    folder; without it, ``workdir``. With ``step`` None, use
-    :meth:`Checkpointer.restore`, which takes the newest intact checkpoint.
-    Raises :class:`CheckpointError` with a one-line reason when there is none.
-    """
-    if checkpoint is not None:
-        path = Path(checkpoint).absolute()
-        if not path.exists():
-            raise CheckpointError(f"checkpoint not found: {path} does not exist")
-        if path.name.isdigit() and path.parent.is_dir() and not (path / CHECKPOINT_DIR).is_dir():
-            return Checkpointer(path.parent, create=False), int(path.name)
-        if path.name.endswith(DAMAGED_SUFFIX) or DAMAGED_SUFFIX + "." in path.name:
-            raise CheckpointError(f"checkpoint {path} was set aside as damaged (see its DAMAGED.txt)")
-        if (path / CHECKPOINT_DIR).is_dir():
-            path = path / CHECKPOINT_DIR
-        return _open(path), None
-    if workdir is None:
-        raise CheckpointError("give a work directory or a checkpoint path")
-    return _open(checkpoint_dir(workdir)), None
-
-
-def _open(directory: Path) -> Checkpointer:
-    if not directory.is_dir():
-        raise CheckpointError(f"no checkpoints in {directory} (train first: ddim train --workdir ...)")
-    checkpointer = Checkpointer(directory, create=False)
-    if checkpointer.latest_step() is None:
-        raise CheckpointError(f"no checkpoints in {directory} (train first: ddim train --workdir ...)")
-    return checkpointer
-
-
-def model_config_mismatch(saved: Config, current: Config) -> str | None:
-    """Describe the first model-config difference between a checkpoint and a run, or None.
-
-    The compute dtype is not compared: parameters are float32 either way.
-    """
-    saved_model, current_model = dataclasses.asdict(saved.model), dataclasses.asdict(current.model)
-    for key, value in current_model.items():
-        if key == "dtype":
-            continue
-        if saved_model.get(key) != value:
-            return f"model.{key} is {value!r} but the checkpoint was trained with {saved_model.get(key)!r}"
-    return None

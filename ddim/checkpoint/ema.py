@@ -1,0 +1,85 @@
+"""The EMA weights that sampling uses, read from a checkpoint without the training code.
+
+:func:`load_ema` is everything between a path and a sampling pipeline: locate
+the checkpoint, restore its config and state (skipping damaged checkpoints),
+take the EMA variables and check them against the model the config describes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+from ddim.checkpoint.checkpointer import Checkpointer
+from ddim.checkpoint.errors import CheckpointError
+from ddim.checkpoint.locate import locate
+from ddim.config import Config
+
+
+class LoadedCheckpoint(NamedTuple):
+    """What sampling needs of a checkpoint: its config, EMA variables, step and step directory."""
+
+    config: Config
+    variables: dict[str, Any]
+    step: int
+    path: Path
+
+
+def ema_variables(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The variables sampling uses, taken from a restored state dict: the EMA weights and their
+    BatchNorm statistics. Raises ``KeyError`` when the state has none."""
+    return {"params": state_dict["ema_params"], "batch_stats": state_dict["ema_batch_stats"]}
+
+
+def load_ema(path: str | Path, step: int | None = None, warn: Callable[[str], None] | None = None) -> LoadedCheckpoint:
+    """The config and EMA variables of a work directory, its ``checkpoints`` folder or a step directory.
+
+    Without a step (none given, no step directory named) the newest intact
+    checkpoint is used: a damaged newer one is skipped with a one-line warning
+    through ``warn`` (default: stderr) and set aside when no training run owns
+    the directory. Raises :class:`CheckpointError`, also for a damaged named
+    step and for weights that do not fit the stored config.
+    """
+    import jax  # here, not at the top: `import ddim.checkpoint` stays free of JAX
+    import jax.numpy as jnp
+
+    checkpointer, named = locate(checkpoint=path)
+    config, state, step = _restore_newest(checkpointer, step if step is not None else named, warn)
+    where = checkpointer.directory / str(step)
+    try:
+        variables = jax.tree.map(jnp.asarray, ema_variables(state))
+    except (KeyError, TypeError) as error:
+        raise CheckpointError(f"checkpoint {where} has no EMA weights ({error})") from None
+    _check_fits_config(config, variables, where)
+    return LoadedCheckpoint(config, variables, step, where)
+
+
+def _restore_newest(
+    checkpointer: Checkpointer, step: int | None, warn: Callable[[str], None] | None
+) -> tuple[Config, dict[str, Any], int]:
+    """Config, state dict and step of ``step`` (or of the newest intact checkpoint); closes ``checkpointer``."""
+    try:
+        found = checkpointer.restore(
+            lambda s: (checkpointer.restore_config(s), checkpointer.restore_state(s)), step=step, warn=warn
+        )
+    finally:
+        checkpointer.close()
+    if found is None:
+        raise CheckpointError(f"no checkpoints in {checkpointer.directory} (train first: ddim train --workdir ...)")
+    step, (config, state) = found
+    return config, state, step
+
+
+def _check_fits_config(config: Config, variables: dict[str, Any], where: Path) -> None:
+    """The weights must fit the model their stored config describes (shapes and structure)."""
+    import jax
+
+    from ddim.model import DiffusionModel, init_variables  # Flax: loaded only when weights are checked
+
+    model = DiffusionModel(config.model)
+    expected = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
+    if jax.tree.map(lambda x: x.shape, variables) != jax.tree.map(lambda x: x.shape, expected):
+        raise CheckpointError(
+            f"checkpoint {where} does not match its config "
+            f"({config.name}: widths {config.model.widths}, image size {config.model.image_size})"
+        )
