@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -248,33 +247,7 @@ def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] 
     no training run owns the directory. Raises
     :class:`ddim.checkpoint.CheckpointError`, also for a damaged named step.
     """
-    from ddim.checkpoint import CheckpointError, locate
-    from ddim.model import init_variables
-    from ddim.train.state import ema_variables
+    from ddim.checkpoint import load_ema
 
-    checkpointer, named = locate(checkpoint=path)
-    try:
-        found = checkpointer.restore(
-            lambda s: (checkpointer.restore_config(s), checkpointer.restore_state(s)),
-            step=step if step is not None else named,
-            warn=warn,
-        )
-    finally:
-        checkpointer.close()
-    if found is None:
-        raise CheckpointError(f"no checkpoints in {checkpointer.directory} (train first: ddim train --workdir ...)")
-    step, (config, state) = found
-    try:
-        variables = jax.tree.map(jnp.asarray, ema_variables(state))
-    except (KeyError, TypeError) as error:
-        raise CheckpointError(f"checkpoint {checkpointer.directory / str(step)} has no EMA weights ({error})") from None
-    # The weights must fit the model their stored config describes (shapes and structure).
-    model = DiffusionModel(config.model)
-    expected = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
-    expected_shapes = jax.tree.map(lambda x: x.shape, expected)
-    if jax.tree.map(lambda x: x.shape, variables) != expected_shapes:
-        raise CheckpointError(
-            f"checkpoint {checkpointer.directory / str(step)} does not match its config "
-            f"({config.name}: widths {config.model.widths}, image size {config.model.image_size})"
-        )
-    return Pipeline(config, variables, step=step, path=checkpointer.directory / str(step))
+    loaded = load_ema(path, step, warn)
+    return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path)

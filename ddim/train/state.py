@@ -19,6 +19,7 @@ import optax
 from flax.training import train_state
 
 from ddim import parallel, runtime
+from ddim.checkpoint.ema import ema_variables as checkpoint_ema_variables
 from ddim.config import Config, ConfigError
 from ddim.model import DiffusionModel, init_variables
 from ddim.objective import Objective
@@ -39,7 +40,7 @@ def ema_variables(state) -> dict[str, Any]:
     """
     if isinstance(state, TrainState):
         return {"params": state.ema_params, "batch_stats": state.ema_batch_stats}
-    return {"params": state["ema_params"], "batch_stats": state["ema_batch_stats"]}
+    return checkpoint_ema_variables(state)
 
 
 def learning_rate(config: Config, total_steps: int | None = None):
