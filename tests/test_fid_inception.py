@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddim.evaluation import fid_inception, fid_weights
+from ddim.evaluation import fid_extractor, fid_inception, fid_weights, torch_reader
 from ddim.evaluation.features import EvaluationError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -45,7 +45,7 @@ def isolated_cache(monkeypatch, tmp_path) -> Path:
 def test_reads_torch_save_files_in_both_formats_without_torch():
     base = np.arange(24, dtype=np.float32).reshape(4, 6) / np.float32(7)
     for name in ("torch_state_zip.pt", "torch_state_legacy.pt"):  # PyTorch >= 1.6 and older
-        state = fid_weights.read_torch_file(DATA / name)
+        state = torch_reader.read_torch_file(DATA / name)
         np.testing.assert_array_equal(state["a"], base)
         np.testing.assert_array_equal(state["b"], base.T[1:4, ::2])  # a strided view of a shared storage
         assert state["c"].dtype == np.int64 and state["c"].tolist() == [1, -2, 3]
@@ -54,7 +54,7 @@ def test_reads_torch_save_files_in_both_formats_without_torch():
 
 
 def test_reads_torchscript_modules_as_plain_containers():
-    arrays = fid_weights.flatten(fid_weights.read_torch_file(DATA / "torchscript_tiny.pt"))
+    arrays = torch_reader.flatten(torch_reader.read_torch_file(DATA / "torchscript_tiny.pt"))
     assert set(arrays) == {"mean", "layers.0.weight"}
     assert arrays["layers.0.weight"].shape == (3, 2, 1, 1)
     np.testing.assert_array_equal(arrays["mean"], [0.5, 1.5, 2.5])
@@ -71,7 +71,7 @@ def test_the_reader_refuses_any_other_global_and_runs_nothing(tmp_path, monkeypa
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("archive/data.pkl", pickle.dumps({"weight": _RunsCode()}, protocol=2))
     with pytest.raises(pickle.UnpicklingError, match="refusing to load .*system"):
-        fid_weights.read_torch_file(path)
+        torch_reader.read_torch_file(path)
     with pytest.raises(EvaluationError, match=r"cannot read FID Inception weights from .*refusing"):
         fid_weights.convert(path, tmp_path / "out.npz")
     assert not (tmp_path / "ran-code").exists() and not (tmp_path / "out.npz").exists()
@@ -233,7 +233,7 @@ def standard_weights() -> Path:
 @pytest.mark.slow
 def test_features_match_the_torchscript_reference(standard_weights):
     """Within 1e-3 of each image's largest feature (relative), on the golden images of tools/fid_reference.py."""
-    extractor = fid_inception.FIDInceptionExtractor.from_file(standard_weights, batch_size=8)
+    extractor = fid_extractor.FIDInceptionExtractor.from_file(standard_weights, batch_size=8)
     assert extractor.digest == fid_weights.STANDARD_DIGEST
     with np.load(GOLDEN) as golden:
         assert "tools/fid_reference.py golden" in str(golden["header"])
@@ -249,7 +249,7 @@ def test_features_match_the_torchscript_reference(standard_weights):
 def test_the_extractor_pads_batches_and_gives_the_same_features_in_any_chunking(tmp_path):
     path = tmp_path / "random.npz"
     digest = save_converted(random_weights(), path)
-    extractor = fid_inception.FIDInceptionExtractor.from_file(path, batch_size=4)
+    extractor = fid_extractor.FIDInceptionExtractor.from_file(path, batch_size=4)
     assert extractor.digest == digest and digest[:16] in extractor.identity
     images = np.random.default_rng(1).integers(0, 256, size=(5, 24, 24, 3), dtype=np.uint8)
     features = extractor(images)  # chunks of 4 and 1 (padded to 1)

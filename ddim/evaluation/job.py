@@ -146,7 +146,7 @@ def evaluate_checkpoint(
         if feature_extractor_factory is not None:
             factories[net] = feature_extractor_factory
         elif net == "standard":
-            from ddim.evaluation.fid_inception import standard_factory
+            from ddim.evaluation.fid_extractor import standard_factory
 
             factories[net] = standard_factory(fid_weights, feature_batch_size, log=log)
         else:
