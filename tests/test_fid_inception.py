@@ -39,6 +39,21 @@ def isolated_cache(monkeypatch, tmp_path) -> Path:
     return cache
 
 
+# --------------------------------------------------------------------------- layering
+
+
+def test_the_network_knows_nothing_of_weight_files_and_the_reader_nothing_of_the_network():
+    import subprocess
+    import sys
+
+    code = ("import sys, ddim.evaluation.fid_inception, ddim.evaluation.torch_reader; "
+            "print(' '.join(m for m in sys.modules if m.startswith('ddim.evaluation.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = {name.rsplit(".", 1)[1] for name in out.split()}
+    assert {"fid_inception", "torch_reader"} <= loaded
+    assert not loaded & {"fid_weights", "fid_weight_names", "fid_extractor"}, loaded
+
+
 # --------------------------------------------------------------------------- the restricted reader
 
 
