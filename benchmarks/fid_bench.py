@@ -32,18 +32,18 @@ import numpy as np  # noqa: E402
 
 
 def flax_extractor(batch_size: int):
-    from ddim.evaluation import fid_extractor, fid_inception, fid_weights
+    from ddim.evaluation import fid_inception, fid_weights
     from ddim.evaluation.features import EvaluationError
 
     try:
         path = fid_weights.resolve_fid_weights(download=False, log=lambda message: None)
-        return fid_extractor.FIDInceptionExtractor.from_file(path, batch_size=batch_size), "standard weights"
+        return fid_inception.FIDInceptionExtractor.from_file(path, batch_size=batch_size), "standard weights"
     except EvaluationError:
         shapes = fid_inception.expected_shapes()
         rng = np.random.default_rng(0)
         weights = {n: rng.standard_normal(s, dtype=np.float32) * 0.05 for n, s in shapes.items()}
         weights.update({n: np.ones(s, np.float32) for n, s in shapes.items() if n.endswith(".var")})
-        return fid_extractor.FIDInceptionExtractor(weights, "random", batch_size), "random weights"
+        return fid_inception.FIDInceptionExtractor(weights, "random", batch_size), "random weights"
 
 
 def keras_extractor(batch_size: int):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddim.evaluation import fid_extractor, fid_inception, fid_weights, torch_reader
+from ddim.evaluation import fid_inception, fid_weights, torch_reader
 from ddim.evaluation.features import EvaluationError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -46,12 +46,12 @@ def test_the_network_knows_nothing_of_weight_files_and_the_reader_nothing_of_the
     import subprocess
     import sys
 
-    code = ("import sys, ddim.evaluation.fid_inception, ddim.evaluation.torch_reader; "
+    code = ("import sys, ddim.evaluation.fid_network, ddim.evaluation.torch_reader; "
             "print(' '.join(m for m in sys.modules if m.startswith('ddim.evaluation.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = {name.rsplit(".", 1)[1] for name in out.split()}
-    assert {"fid_inception", "torch_reader"} <= loaded
-    assert not loaded & {"fid_weights", "fid_weight_names", "fid_extractor"}, loaded
+    assert {"fid_network", "torch_reader"} <= loaded
+    assert not loaded & {"fid_weights", "fid_weight_names", "fid_inception"}, loaded
 
 
 # --------------------------------------------------------------------------- the restricted reader
@@ -248,7 +248,7 @@ def standard_weights() -> Path:
 @pytest.mark.slow
 def test_features_match_the_torchscript_reference(standard_weights):
     """Within 1e-3 of each image's largest feature (relative), on the golden images of tools/fid_reference.py."""
-    extractor = fid_extractor.FIDInceptionExtractor.from_file(standard_weights, batch_size=8)
+    extractor = fid_inception.FIDInceptionExtractor.from_file(standard_weights, batch_size=8)
     assert extractor.digest == fid_weights.STANDARD_DIGEST
     with np.load(GOLDEN) as golden:
         assert "tools/fid_reference.py golden" in str(golden["header"])
@@ -264,7 +264,7 @@ def test_features_match_the_torchscript_reference(standard_weights):
 def test_the_extractor_pads_batches_and_gives_the_same_features_in_any_chunking(tmp_path):
     path = tmp_path / "random.npz"
     digest = save_converted(random_weights(), path)
-    extractor = fid_extractor.FIDInceptionExtractor.from_file(path, batch_size=4)
+    extractor = fid_inception.FIDInceptionExtractor.from_file(path, batch_size=4)
     assert extractor.digest == digest and digest[:16] in extractor.identity
     images = np.random.default_rng(1).integers(0, 256, size=(5, 24, 24, 3), dtype=np.uint8)
     features = extractor(images)  # chunks of 4 and 1 (padded to 1)

@@ -75,10 +75,10 @@ def reference_source() -> Path:
 
 
 def flax_extractor(batch_size: int = 16):
-    from ddim.evaluation import fid_extractor, fid_weights
+    from ddim.evaluation import fid_inception, fid_weights
 
     path = fid_weights.resolve_fid_weights(reference_source())
-    return fid_extractor.FIDInceptionExtractor.from_file(path, batch_size=batch_size)
+    return fid_inception.FIDInceptionExtractor.from_file(path, batch_size=batch_size)
 
 
 def flowers(split: str, num: int | None, config_path: Path) -> np.ndarray:

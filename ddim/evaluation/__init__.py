@@ -1,11 +1,11 @@
 """Sample quality: feature networks, KID/FID maths, real and generated features, the eval job.
 
 - :mod:`~ddim.evaluation.features`: the :class:`FeatureExtractor` interface every network implements.
-- :mod:`~ddim.evaluation.fid_inception`: the standard FID Inception (2015-12-05 TF graph, pool3) in Flax.
+- :mod:`~ddim.evaluation.fid_network`: the standard FID Inception (2015-12-05 TF graph, pool3) in Flax.
 - :mod:`~ddim.evaluation.torch_reader`: PyTorch files read without PyTorch (a restricted unpickler).
 - :mod:`~ddim.evaluation.fid_weight_names`: the FID Inception's weights under one set of names, and their digest.
 - :mod:`~ddim.evaluation.fid_weights`: its weights: found, converted once, checked.
-- :mod:`~ddim.evaluation.fid_extractor`: the network with its weights as a feature extractor (``standard_factory``).
+- :mod:`~ddim.evaluation.fid_inception`: the network with its weights as a feature extractor (``standard_factory``).
 - :mod:`~ddim.evaluation.keras_inception`: Keras' InceptionV3 (weights file, network, preprocessing).
 - :mod:`~ddim.evaluation.metrics`: KID and FID on feature vectors (numpy only).
 - :mod:`~ddim.evaluation.reference`: the real images and the cache of their features.

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ddim.evaluation.features import EvaluationError
-from ddim.evaluation.fid_inception import check_weights
+from ddim.evaluation.fid_network import check_weights
 from ddim.evaluation.fid_weight_names import canonical_weights, weights_digest
 from ddim.evaluation.torch_reader import flatten, read_torch_file  # noqa: F401  (flatten: re-exported)
 

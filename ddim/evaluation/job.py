@@ -125,7 +125,7 @@ def _feature_factories(request: EvalRequest, injected: FeatureFactory | None, lo
         if injected is not None:
             factories[net] = injected
         elif net == "standard":
-            from ddim.evaluation.fid_extractor import standard_factory  # JAX: only when the network is wanted
+            from ddim.evaluation.fid_inception import standard_factory  # JAX: only when the network is wanted
 
             factories[net] = standard_factory(request.fid_weights, request.feature_batch_size, log=log)
         else:
