@@ -317,6 +317,49 @@ def test_evaluate_checkpoint_with_an_injected_factory_and_the_train_split(smoke_
     assert eval_lines(out)[-1]["fid"] == result["fid"]
     assert (result["sampler"], result["spacing"]) == ("ddim", "uniform")
     assert "eval_file" not in eval_lines(out)[-1]
+    assert eval_lines(out)[-1]["guidance"] is None  # the whole SamplingSpec is recorded
+
+
+def test_an_eval_request_is_checked_when_made():
+    from ddim.spec import SamplingSpec
+
+    request = evaluation.EvalRequest("run", num=8, spec=SamplingSpec(steps=2, sampler="dpmpp-2m"))
+    assert request.spec.static == (2, "dpmpp-2m", "uniform") and request.networks == ("standard",)
+    assert evaluation.EvalRequest("run", fid_net="keras").networks == ("keras", "standard")
+    for fields, message in [
+        ({"num": 1}, "number of generated images must be >= 2"),
+        ({"fid_net": "clip"}, "unknown fid_net 'clip' (choose from standard, keras)"),
+        ({"split": "test"}, "unknown split 'test' (choose from val, train)"),
+        ({"real_num": 1}, "number of real images must be >= 2"),
+        ({"batch_size": 0}, "batch size must be >= 1"),
+        ({"kid_subset_size": 1}, "KID needs >= 1 subset of >= 2 images"),
+    ]:
+        with pytest.raises(evaluation.EvaluationError, match=re.escape(message)):
+            evaluation.EvalRequest("run", **fields)
+    with pytest.raises(TypeError, match="SamplingSpec"):
+        evaluation.EvalRequest("run", spec={"steps": 2})
+    # The loose keywords of evaluate_checkpoint: merged into one spec; a bad one is an EvaluationError.
+    loose = evaluation.EvalRequest.of("run", steps=3, spacing="karras", eta=0.5, weights="w.h5", num=4)
+    assert loose.spec == SamplingSpec(steps=3, spacing="karras", eta=0.5) and loose.inception_weights == "w.h5"
+    with pytest.raises(evaluation.EvaluationError, match="unknown sampler 'euler'"):
+        evaluation.EvalRequest.of("run", sampler="euler")
+
+
+def test_the_work_directory_of_a_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    assert evaluation.workdir_of(run / "checkpoints" / "6") == run
+    assert evaluation.workdir_of(run / "best" / "6") == run
+    assert evaluation.workdir_of(tmp_path / "copied" / "6") == tmp_path / "copied"  # a step directory on its own
+
+
+def test_importing_evaluation_imports_no_jax_or_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, ddim.evaluation, ddim.evaluation.fid_weight_names; "
+            "print(sorted(m for m in ('jax', 'flax', 'tensorflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_cheap_kid_for_training(smoke_workdir):
@@ -338,6 +381,12 @@ def test_cheap_kid_for_training(smoke_workdir):
     assert math.isfinite(mean) and std >= 0
     assert (mean, std) == evaluation.cheap_kid(
         pipe.model, pipe.variables, real, extractor, num_images=8, steps=2, batch_size=4, num_subsets=3
+    )
+    from ddim.spec import SamplingSpec
+
+    assert (mean, std) == evaluation.cheap_kid(
+        pipe.model, pipe.variables, real, extractor, num_images=8, spec=SamplingSpec(steps=2), batch_size=4,
+        num_subsets=3,
     )
 
 

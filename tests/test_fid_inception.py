@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddim.evaluation import fid_inception, fid_weights
+from ddim.evaluation import fid_inception, fid_weights, torch_reader
 from ddim.evaluation.features import EvaluationError
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -39,13 +39,28 @@ def isolated_cache(monkeypatch, tmp_path) -> Path:
     return cache
 
 
+# --------------------------------------------------------------------------- layering
+
+
+def test_the_network_knows_nothing_of_weight_files_and_the_reader_nothing_of_the_network():
+    import subprocess
+    import sys
+
+    code = ("import sys, ddim.evaluation.fid_network, ddim.evaluation.torch_reader; "
+            "print(' '.join(m for m in sys.modules if m.startswith('ddim.evaluation.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = {name.rsplit(".", 1)[1] for name in out.split()}
+    assert {"fid_network", "torch_reader"} <= loaded
+    assert not loaded & {"fid_weights", "fid_weight_names", "fid_inception"}, loaded
+
+
 # --------------------------------------------------------------------------- the restricted reader
 
 
 def test_reads_torch_save_files_in_both_formats_without_torch():
     base = np.arange(24, dtype=np.float32).reshape(4, 6) / np.float32(7)
     for name in ("torch_state_zip.pt", "torch_state_legacy.pt"):  # PyTorch >= 1.6 and older
-        state = fid_weights.read_torch_file(DATA / name)
+        state = torch_reader.read_torch_file(DATA / name)
         np.testing.assert_array_equal(state["a"], base)
         np.testing.assert_array_equal(state["b"], base.T[1:4, ::2])  # a strided view of a shared storage
         assert state["c"].dtype == np.int64 and state["c"].tolist() == [1, -2, 3]
@@ -54,7 +69,7 @@ def test_reads_torch_save_files_in_both_formats_without_torch():
 
 
 def test_reads_torchscript_modules_as_plain_containers():
-    arrays = fid_weights.flatten(fid_weights.read_torch_file(DATA / "torchscript_tiny.pt"))
+    arrays = torch_reader.flatten(torch_reader.read_torch_file(DATA / "torchscript_tiny.pt"))
     assert set(arrays) == {"mean", "layers.0.weight"}
     assert arrays["layers.0.weight"].shape == (3, 2, 1, 1)
     np.testing.assert_array_equal(arrays["mean"], [0.5, 1.5, 2.5])
@@ -71,7 +86,7 @@ def test_the_reader_refuses_any_other_global_and_runs_nothing(tmp_path, monkeypa
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("archive/data.pkl", pickle.dumps({"weight": _RunsCode()}, protocol=2))
     with pytest.raises(pickle.UnpicklingError, match="refusing to load .*system"):
-        fid_weights.read_torch_file(path)
+        torch_reader.read_torch_file(path)
     with pytest.raises(EvaluationError, match=r"cannot read FID Inception weights from .*refusing"):
         fid_weights.convert(path, tmp_path / "out.npz")
     assert not (tmp_path / "ran-code").exists() and not (tmp_path / "out.npz").exists()

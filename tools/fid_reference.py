@@ -147,8 +147,10 @@ def pytorch_fid_check(args) -> None:
     from pytorch_fid import inception as pytorch_fid_inception
 
     from ddim.evaluation import fid_weights
+    from ddim.evaluation.fid_weight_names import canonical_weights, from_pytorch_fid
+    from ddim.evaluation.torch_reader import read_torch_file
 
-    canonical = fid_weights.canonical_weights(fid_weights.read_torch_file(reference_source()))
+    canonical = canonical_weights(read_torch_file(reference_source()))
     model_keys = None
 
     def state_from_fid_helper(*unused, **kwargs):
@@ -160,7 +162,7 @@ def pytorch_fid_check(args) -> None:
             elif name.endswith("bn.weight"):
                 state[name] = torch.ones_like(tensor)
             else:
-                (target,) = fid_weights._from_pytorch_fid({name: tensor.numpy()})
+                (target,) = from_pytorch_fid({name: tensor.numpy()})
                 state[name] = torch.from_numpy(canonical[target])
         return state
 

@@ -1,4 +1,5 @@
-"""``ddim eval``: a thin wrapper over :func:`ddim.evaluation.evaluate_checkpoint`."""
+"""``ddim eval``: parses the options into an :class:`~ddim.evaluation.request.EvalRequest` and runs
+:func:`ddim.evaluation.job.evaluate`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import typer
 from ddim.cli.app import (
     app,
     batch_size_option,
-    check_sampler_options,
     checkpoint_option,
     checkpoint_source,
     compilation_cache_option,
@@ -23,6 +23,30 @@ from ddim.cli.app import (
     user_errors,
     workdir_option,
 )
+from ddim.errors import InputError
+from ddim.spec import SAMPLERS, SPACINGS, SamplingSpec
+
+
+def sampling_spec_option(steps: int, sampler: str, spacing: str, eta: float) -> SamplingSpec:
+    """The sampler options as one :class:`SamplingSpec`, or exit 2 with one ``error:`` line naming the option."""
+    if sampler not in SAMPLERS:
+        fail(f"unknown --sampler {sampler!r} (choose from {', '.join(SAMPLERS)})", code=2)
+    if spacing not in SPACINGS:
+        fail(f"unknown --spacing {spacing!r} (choose from {', '.join(SPACINGS)})", code=2)
+    if eta < 0:
+        fail(f"--eta must be >= 0 (got {eta})", code=2)
+    if eta > 0 and not SAMPLERS[sampler].stochastic:
+        stochastic = " or ".join(name for name, kind in SAMPLERS.items() if kind.stochastic)
+        fail(f"--eta > 0 needs --sampler {stochastic} ({sampler} is deterministic)", code=2)
+    try:
+        return SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+    except InputError as error:  # what the checks above do not word for the command line (eta nan, ...)
+        fail(str(error), code=2)
+
+
+def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        fail(f"--{option} must be {' or '.join(repr(choice) for choice in choices)} (got {value!r})", code=2)
 
 
 @app.command("eval")
@@ -69,38 +93,26 @@ def eval_command(
 
     Prints a table and appends one JSON line to <workdir>/eval.jsonl.
     """
+    from ddim.evaluation import NETWORKS, SPLITS
+
     require_positive(steps=steps, batch_size=batch_size)
     for name, value in (("num", num), ("real-num", real_num)):
         if value is not None and value < 2:
             fail(f"--{name} must be >= 2 for KID and FID (got {value})", code=2)
-    check_sampler_options(sampler, spacing, eta)
-    if split not in ("val", "train"):
-        fail(f"--split must be 'val' or 'train' (got {split!r})", code=2)
-    for name, value in (("fid-net", fid_net), ("kid-net", kid_net)):
-        if value not in ("standard", "keras"):
-            fail(f"--{name} must be 'standard' or 'keras' (got {value!r})", code=2)
+    spec = sampling_spec_option(steps, sampler, spacing, eta)
+    _check_choice("split", split, SPLITS)
+    _check_choice("fid-net", fid_net, NETWORKS)
+    _check_choice("kid-net", kid_net, NETWORKS)
     source = checkpoint_source(workdir, checkpoint)
     setup_runtime(compilation_cache)
-    from ddim.evaluation import evaluate_checkpoint, format_table
+    from ddim.evaluation import EvalRequest, evaluate, format_table
 
     with user_errors():
-        result = evaluate_checkpoint(
-            source,
-            num=num,
-            steps=steps,
-            eta=eta,
-            sampler=sampler,
-            spacing=spacing,
-            seed=seed,
-            batch_size=batch_size,
-            real_num=real_num,
-            split=split,
-            weights=inception_weights,
-            fid_net=fid_net,
-            kid_net=kid_net,
-            fid_weights=fid_weights,
-            real_stats=real_stats,
-            image_dir=data,
+        request = EvalRequest(
+            source, num=num, spec=spec, seed=seed, batch_size=batch_size, real_num=real_num, split=split,
+            image_dir=data, real_stats=real_stats, fid_net=fid_net, kid_net=kid_net, fid_weights=fid_weights,
+            inception_weights=inception_weights,
         )
+        result = evaluate(request)
     typer.echo(format_table(result))
     typer.echo(f"appended to {result['eval_file']}")

@@ -1,13 +1,18 @@
 """Sample quality: feature networks, KID/FID maths, real and generated features, the eval job.
 
 - :mod:`~ddim.evaluation.features`: the :class:`FeatureExtractor` interface every network implements.
-- :mod:`~ddim.evaluation.fid_inception`: the standard FID Inception (2015-12-05 TF graph, pool3) in Flax.
-- :mod:`~ddim.evaluation.fid_weights`: its weights: found, read without PyTorch, converted once, checked.
+- :mod:`~ddim.evaluation.fid_network`: the standard FID Inception (2015-12-05 TF graph, pool3) in Flax.
+- :mod:`~ddim.evaluation.torch_reader`: PyTorch files read without PyTorch (a restricted unpickler).
+- :mod:`~ddim.evaluation.fid_weight_names`: the FID Inception's weights under one set of names, and their digest.
+- :mod:`~ddim.evaluation.fid_weights`: its weights: found, converted once, checked.
+- :mod:`~ddim.evaluation.fid_inception`: the network with its weights as a feature extractor (``standard_factory``).
 - :mod:`~ddim.evaluation.keras_inception`: Keras' InceptionV3 (weights file, network, preprocessing).
 - :mod:`~ddim.evaluation.metrics`: KID and FID on feature vectors (numpy only).
 - :mod:`~ddim.evaluation.reference`: the real images and the cache of their features.
 - :mod:`~ddim.evaluation.generated`: features of generated images, and the cheap KID of training.
-- :mod:`~ddim.evaluation.job`: ``evaluate_checkpoint`` (``ddim eval``), its record and table.
+- :mod:`~ddim.evaluation.request`: :class:`EvalRequest`, what one evaluation is asked to do.
+- :mod:`~ddim.evaluation.job`: :func:`evaluate` runs a request (``ddim eval``).
+- :mod:`~ddim.evaluation.record`: the ``eval.jsonl`` line and its table.
 
 TensorFlow loads only when a Keras network is built; JAX only when the FID Inception is.
 """
@@ -19,8 +24,8 @@ from ddim.evaluation.features import (
     FeatureExtractor,
     FeatureFactory,
 )
-from ddim.evaluation.generated import batch_seed, cheap_kid, generated_features
-from ddim.evaluation.job import EVAL_FILE, NETWORKS, append_record, evaluate_checkpoint, format_table, workdir_of
+from ddim.evaluation.generated import CHEAP_KID_SPEC, batch_seed, cheap_kid, generated_features
+from ddim.evaluation.job import evaluate, evaluate_checkpoint, workdir_of
 from ddim.evaluation.keras_inception import (
     WEIGHTS_ENV,
     WEIGHTS_FILE,
@@ -42,10 +47,15 @@ from ddim.evaluation.reference import (
     select_real,
     split_expression,
 )
+from ddim.evaluation.record import append_record, format_table
+from ddim.evaluation.request import NETWORKS, EvalRequest
+from ddim.workdir.layout import EVAL_FILE
 
 __all__ = [
     "CACHE_DIR",
+    "CHEAP_KID_SPEC",
     "EVAL_FILE",
+    "EvalRequest",
     "EvaluationError",
     "FID_IMAGE_SIZE",
     "FeatureExtractor",
@@ -61,6 +71,7 @@ __all__ = [
     "append_record",
     "batch_seed",
     "cheap_kid",
+    "evaluate",
     "evaluate_checkpoint",
     "file_md5",
     "format_table",

@@ -15,6 +15,7 @@ import numpy as np
 
 from ddim.evaluation import metrics
 from ddim.evaluation.features import EvaluationError, FeatureExtractor
+from ddim.spec import SamplingSpec
 
 
 def batch_seed(seed: int, index: int) -> int:
@@ -58,15 +59,20 @@ def generated_features(
     return kid_features, (running.stats() if running is not None else None)
 
 
+CHEAP_KID_SPEC = SamplingSpec(steps=5)
+"""How :func:`cheap_kid` samples by default: 5 deterministic DDIM steps, as the Keras example monitors KID."""
+
+
 def cheap_kid(
     model,
     variables,
     real_features: np.ndarray,
     extractor: FeatureExtractor,
+    *,
     num_images: int = 500,
-    steps: int = 5,
+    spec: SamplingSpec = CHEAP_KID_SPEC,
+    steps: int | None = None,
     seed: int = 0,
-    eta: float = 0.0,
     batch_size: int = 64,
     num_subsets: int = 20,
     subset_size: int = 1000,
@@ -76,20 +82,19 @@ def cheap_kid(
     ``model`` is a :class:`ddim.model.DiffusionModel`, ``variables`` its
     ``{"params", "batch_stats"}``; ``real_features`` come from
     :func:`real_features` with the same ``extractor`` (usually
-    :func:`kid_feature_extractor`, InceptionV3 at 75x75). The Keras example
-    monitors KID like this with 5 diffusion steps. Subsets are capped at the
-    smaller set; images are generated and featurised batch by batch.
+    :func:`kid_feature_extractor`, InceptionV3 at 75x75). Images are sampled
+    with ``spec``; ``steps`` alone changes only its number of steps (the
+    training loop's ``train.kid_steps``). Subsets are capped at the smaller
+    set; images are generated and featurised batch by batch.
     """
     from ddim.sampling import generate_images
-    from ddim.spec import SamplingSpec
 
+    spec = SamplingSpec.of(spec, steps=steps)
     if num_images < 2:
         raise EvaluationError(f"KID needs at least 2 generated images, got {num_images}")
 
     def generate(count: int, batch_seed_: int) -> np.ndarray:
-        return generate_images(model, variables, count, SamplingSpec(steps=steps, eta=eta), seed=batch_seed_, batch_size=count)
+        return generate_images(model, variables, count, spec, seed=batch_seed_, batch_size=count)
 
     features, _ = generated_features(generate, num_images, batch_size, seed, extractor)
     return metrics.kid(real_features, features, num_subsets, subset_size, rng=seed % 2**32)
-
-

@@ -1,4 +1,4 @@
-"""The evaluation job (``ddim eval``): KID and FID of a checkpoint's samples, its record and its table.
+"""The evaluation job (``ddim eval``): KID and FID of a checkpoint's samples, appended to ``eval.jsonl``.
 
 The protocol (see the README's metrics section): FID from the standard FID
 Inception (the 2015-12-05 TF graph's pool3 features at 299x299,
@@ -9,8 +9,9 @@ the FID (``fid_net="keras"``, the earlier protocol). Generated images come from
 the checkpoint's EMA weights (:mod:`ddim.evaluation.generated`); real images
 and their cached features and statistics from
 :mod:`ddim.evaluation.reference`, or the reference statistics from a file
-(``real_stats``, pytorch-fid's ``mu``/``sigma`` format). Each run appends one
-JSON line to ``<workdir>/eval.jsonl``.
+(``real_stats``, pytorch-fid's ``mu``/``sigma`` format). What to do is one
+:class:`~ddim.evaluation.request.EvalRequest`; each run appends one JSON line
+to ``<workdir>/eval.jsonl`` (:mod:`ddim.evaluation.record`).
 
 The network never runs with random weights unless a caller injects its own
 ``feature_extractor_factory`` (the tests do; the CLI never does).
@@ -18,25 +19,27 @@ The network never runs with random weights unless a caller injects its own
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from ddim.evaluation import metrics
-from ddim.evaluation.features import FID_IMAGE_SIZE, KID_IMAGE_SIZE, EvaluationError, FeatureFactory
+from ddim.evaluation.features import FID_IMAGE_SIZE, KID_IMAGE_SIZE, EvaluationError, FeatureExtractor, FeatureFactory
 from ddim.evaluation.generated import generated_features
 from ddim.evaluation.keras_inception import file_md5, inception_factory
-from ddim.evaluation.reference import CACHE_DIR, SPLITS, load_real_stats, real_features, split_expression
+from ddim.evaluation.record import append_record, format_table  # noqa: F401  (format_table: re-exported)
+from ddim.evaluation.reference import load_real_stats, real_features, split_expression
+from ddim.evaluation.request import NETWORKS, EvalRequest  # noqa: F401  (NETWORKS: re-exported)
+from ddim.workdir.layout import EVAL_FILE, Workdir
 
-EVAL_FILE = "eval.jsonl"
-NETWORKS = ("standard", "keras")
-"""Feature networks: the standard FID Inception (2015-12-05, pool3, 299px) and Keras' ImageNet InceptionV3."""
+Log = Callable[[str], None]
 
 
 def _log_stderr(message: str) -> None:
@@ -44,267 +47,250 @@ def _log_stderr(message: str) -> None:
 
 
 def workdir_of(checkpoint_path: str | os.PathLike) -> Path:
-    """The work directory of a checkpoint step directory ``<workdir>/checkpoints/<step>``."""
-    path = Path(checkpoint_path).absolute()
-    parent = path.parent
-    return parent.parent if parent.name == "checkpoints" else parent
+    """The work directory of a checkpoint step directory ``<workdir>/checkpoints/<step>``.
+
+    A step directory outside ``checkpoints/`` (or ``best/``) belongs to the folder that holds it.
+    """
+    return Workdir.of_checkpoint(Path(checkpoint_path).absolute().parent).root
 
 
-def _prepare_workdir(workdir: Path) -> Path:
-    cache_dir = workdir / CACHE_DIR
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise EvaluationError(f"cannot create {cache_dir}: {error.strerror or error}") from None
-    if not os.access(workdir, os.W_OK) or not os.access(cache_dir, os.W_OK):
-        raise EvaluationError(f"work directory {workdir} is not writable (eval writes {EVAL_FILE} and {CACHE_DIR}/)")
-    return cache_dir
+@dataclass(frozen=True)
+class _Checkpoint:
+    """The loaded pipeline, the work directory the results go to, and the config that names the real images."""
+
+    pipe: Any
+    workdir: Workdir
+    config: Any
 
 
-def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line to ``path``."""
-    with open(path, "a", encoding="utf-8") as file:
-        file.write(json.dumps(record, sort_keys=False) + "\n")
+@dataclass(frozen=True)
+class _Real:
+    """The real side: KID features (None: no KID) and FID features, or the reference statistics instead."""
+
+    kid_extractor: FeatureExtractor | None
+    kid_features: np.ndarray | None
+    fid_features: np.ndarray | None
+    stats: dict[str, Any] | None
+    record: dict[str, Any]
 
 
-def _check_settings(
-    num, steps, eta, sampler, spacing, batch_size, real_num, split, kid_subsets, kid_subset_size, fid_net, kid_net
-) -> None:
-    from ddim.spec import SamplingSpec
+def evaluate(
+    request: EvalRequest,
+    *,
+    feature_extractor_factory: FeatureFactory | None = None,
+    log: Log | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Run ``request``: the record appended to ``eval.jsonl``, returned with ``eval_file`` added.
 
-    for option, value in (("fid_net", fid_net), ("kid_net", kid_net)):
-        if value not in NETWORKS:
-            raise EvaluationError(f"unknown {option} {value!r} (choose from {', '.join(NETWORKS)})")
-    if num < 2:
-        raise EvaluationError(f"the number of generated images must be >= 2 for KID and FID, got {num}")
-    try:
-        SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, eta=eta)
-    except ValueError as error:
-        raise EvaluationError(str(error)) from None
-    if batch_size < 1:
-        raise EvaluationError(f"the batch size must be >= 1, got {batch_size}")
-    if real_num is not None and real_num < 2:
-        raise EvaluationError(f"the number of real images must be >= 2, got {real_num}")
-    if split not in SPLITS:
-        raise EvaluationError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
-    if kid_subsets < 1 or kid_subset_size < 2:
-        raise EvaluationError("KID needs >= 1 subset of >= 2 images")
+    The weights are resolved before anything else. With ``real_stats`` KID is
+    computed only when the file also holds the features of ``kid_net`` (ddim's
+    cache files do). ``feature_extractor_factory(image_size)`` replaces both
+    networks (tests only).
+    """
+    started = time.perf_counter()
+    log = log or _log_stderr
+    reference_stats = load_real_stats(request.real_stats) if request.real_stats is not None else None
+    factories = _feature_factories(request, feature_extractor_factory, log)
+    checkpoint = _load_checkpoint(request, log)
+    fid_extractor, kid_extractor = _networks(request, factories)
+    if reference_stats is None:
+        real = _real_images(request, checkpoint, fid_extractor, kid_extractor, log, show_progress)
+    else:
+        real = _real_statistics(request, reference_stats, fid_extractor, kid_extractor, log)
+    generated = _generated(request, checkpoint.pipe, real, fid_extractor, log, show_progress)
+    scores = _scores(request, real, *generated)
+    record = _record(request, checkpoint.pipe, real, scores, fid_extractor, time.perf_counter() - started)
+    return _append(checkpoint.workdir, record)
 
 
 def evaluate_checkpoint(
     source: str | os.PathLike,
-    num: int = 5000,
-    steps: int = 20,
-    eta: float = 0.0,
-    seed: int = 0,
-    batch_size: int = 64,
-    real_num: int | None = None,
-    split: str = "val",
-    weights: str | os.PathLike | None = None,
-    feature_extractor_factory: FeatureFactory | None = None,
     *,
-    sampler: str = "ddim",
-    spacing: str = "uniform",
-    workdir: str | os.PathLike | None = None,
-    kid_subsets: int = 100,
-    kid_subset_size: int = 1000,
-    feature_batch_size: int = 32,
-    log: Callable[[str], None] | None = None,
+    feature_extractor_factory: FeatureFactory | None = None,
+    log: Log | None = None,
     show_progress: bool = True,
-    fid_net: str = "standard",
-    kid_net: str = "standard",
-    fid_weights: str | os.PathLike | None = None,
-    real_stats: str | os.PathLike | None = None,
-    image_dir: str | os.PathLike | None = None,
+    **settings: Any,
 ) -> dict[str, Any]:
-    """KID and FID of ``num`` images generated by a checkpoint against the real ``split`` images.
+    """:func:`evaluate` of ``EvalRequest.of(source, **settings)``: the loose keywords callers always used
+    (``num=``, ``steps=``, ``sampler=``, ``weights=``, ...; see :meth:`EvalRequest.of`)."""
+    request = EvalRequest.of(source, **settings)
+    return evaluate(request, feature_extractor_factory=feature_extractor_factory, log=log, show_progress=show_progress)
 
-    ``source`` is a work directory or a checkpoint step directory (as for
-    :func:`ddim.sampling.load`). Images come from ``steps`` steps of ``sampler``
-    on the ``spacing`` grid with ``eta`` (as :meth:`ddim.sampling.Pipeline.generate`),
-    and the record names all four. ``fid_net`` and ``kid_net`` pick the feature
-    network of each metric (:data:`NETWORKS`): ``"standard"`` is the FID
-    Inception at 299px (weights ``fid_weights``, else found as
-    :func:`~ddim.evaluation.fid_weights.resolve_fid_weights` says), ``"keras"``
-    Keras' InceptionV3 (weights ``weights``, see :func:`resolve_weights`) at
-    299px for FID and 75px for KID. The weights are resolved before anything
-    else. ``real_stats`` (an ``.npz`` with ``mu`` and ``sigma``) replaces the real
-    images for FID; KID is then computed only when the file also holds the
-    features of ``kid_net`` (ddim's cache files do). ``feature_extractor_factory(image_size)``
-    replaces both networks (tests only). The record is appended as one JSON
-    line to ``<workdir>/eval.jsonl`` (``workdir`` defaults to the checkpoint's
-    work directory, which also holds the real-feature cache) and returned,
-    with ``eval_file`` added. ``image_dir`` scores against
-    that image folder's ``split`` instead of the checkpoint's own data.
-    """
-    started = time.perf_counter()
-    log = log or _log_stderr
-    _check_settings(num, steps, eta, sampler, spacing, batch_size, real_num, split, kid_subsets, kid_subset_size, fid_net, kid_net)
-    reference_stats = load_real_stats(real_stats) if real_stats is not None else None
+
+def _feature_factories(request: EvalRequest, injected: FeatureFactory | None, log: Log) -> dict[str, FeatureFactory]:
+    """One factory per network named; resolving their weights now fails before any slow work."""
     factories: dict[str, FeatureFactory] = {}
-    for net in dict.fromkeys((fid_net, kid_net)):  # in order: a missing file is reported for --fid-net first
-        if feature_extractor_factory is not None:
-            factories[net] = feature_extractor_factory
+    for net in request.networks:
+        if injected is not None:
+            factories[net] = injected
         elif net == "standard":
-            from ddim.evaluation.fid_inception import standard_factory
+            from ddim.evaluation.fid_inception import standard_factory  # JAX: only when the network is wanted
 
-            factories[net] = standard_factory(fid_weights, feature_batch_size, log=log)
+            factories[net] = standard_factory(request.fid_weights, request.feature_batch_size, log=log)
         else:
-            factories[net] = inception_factory(weights, feature_batch_size, log=log)
+            factories[net] = inception_factory(request.inception_weights, request.feature_batch_size, log=log)
+    return factories
 
-    from ddim.sampling import load
-    from ddim.summary import Progress
 
-    pipe = load(source)
-    workdir = Path(workdir) if workdir is not None else workdir_of(pipe.path)
-    cache_dir = _prepare_workdir(workdir)
-    config = pipe.config
-    if image_dir is not None:
-        import dataclasses
-
-        config = dataclasses.replace(config, data=dataclasses.replace(config.data, image_dir=str(image_dir)))
-    from ddim import data as data_lib
-
+def _load_checkpoint(request: EvalRequest, log: Log) -> _Checkpoint:
+    """The checkpoint's pipeline and its (writable) work directory; the real images' config."""
     import jax
 
+    from ddim.sampling import load
+
+    pipe = load(request.source)
+    workdir = Workdir(request.workdir) if request.workdir is not None else Workdir(workdir_of(pipe.path))
+    _prepare_workdir(workdir)
+    config = pipe.config
+    if request.image_dir is not None:
+        data = dataclasses.replace(config.data, image_dir=str(request.image_dir))
+        config = dataclasses.replace(config, data=data)
     log(
         f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name}); "
         f"{jax.device_count()} {jax.default_backend()} device(s)"
     )
+    return _Checkpoint(pipe, workdir, config)
 
-    built: dict[tuple[str, int], Any] = {}
 
-    def network(net: str, image_size: int):
+def _prepare_workdir(workdir: Workdir) -> None:
+    cache_dir = workdir.eval_cache
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise EvaluationError(f"cannot create {cache_dir}: {error.strerror or error}") from None
+    if not os.access(workdir.root, os.W_OK) or not os.access(cache_dir, os.W_OK):
+        raise EvaluationError(
+            f"work directory {workdir.root} is not writable (eval writes {EVAL_FILE} and {cache_dir.name}/)"
+        )
+
+
+def _networks(request: EvalRequest, factories: dict[str, FeatureFactory]):
+    """The FID and the KID extractor (the same object when one network gives both at one size)."""
+    built: dict[tuple[str, int], FeatureExtractor] = {}
+
+    def network(net: str, image_size: int) -> FeatureExtractor:
         if (net, image_size) not in built:
             built[(net, image_size)] = factories[net](image_size)
         return built[(net, image_size)]
 
-    fid_extractor = network(fid_net, FID_IMAGE_SIZE)
-    kid_extractor = network(kid_net, KID_IMAGE_SIZE if kid_net == "keras" else FID_IMAGE_SIZE)
-    if reference_stats is None:
-        real_kid, real_fid = real_features(
-            config, split, real_num, [kid_extractor, fid_extractor], cache_dir, log, show_progress,
-            data_cache=data_lib.cache_root(config, workdir),
-        )
-        expression = split_expression(config, split)
-        real_stats_record = {"real_num": int(len(real_fid)), "split": split, "split_expression": expression}
-    else:
-        if reference_stats["network"] not in (None, fid_extractor.identity):
-            raise EvaluationError(
-                f"{real_stats} was computed with {reference_stats['network']}, not {fid_extractor.identity}"
-            )
-        real_fid = None
-        same_features = kid_extractor is fid_extractor
-        real_kid = reference_stats["features"] if same_features else None
-        if real_kid is None:
-            kid_extractor = None
-            log(f"KID: not computed ({real_stats} holds no {kid_net} features; --real-stats alone gives FID)")
-        real_stats_record = {
-            "real_num": int(len(real_kid)) if real_kid is not None else None,
-            "real_stats": str(real_stats),
-            "real_stats_md5": file_md5(real_stats),
-        }
+    fid_extractor = network(request.fid_net, FID_IMAGE_SIZE)
+    kid_extractor = network(request.kid_net, KID_IMAGE_SIZE if request.kid_net == "keras" else FID_IMAGE_SIZE)
+    return fid_extractor, kid_extractor
 
-    progress = Progress(num, 0, description="eval") if show_progress else None
-    generation_started = time.perf_counter()
 
-    def generate(count: int, seed_: int) -> np.ndarray:
-        return pipe.generate(count, steps=steps, seed=seed_, eta=eta, batch_size=count, sampler=sampler, spacing=spacing)
+def _real_images(request: EvalRequest, checkpoint: _Checkpoint, fid_extractor, kid_extractor, log: Log,
+                 show_progress: bool) -> _Real:
+    """Features of the real ``split`` images, from the work directory's cache when possible."""
+    from ddim import data as data_lib
+
+    config, workdir = checkpoint.config, checkpoint.workdir
+    real_kid, real_fid = real_features(
+        config, request.split, request.real_num, [kid_extractor, fid_extractor], workdir.eval_cache, log,
+        show_progress, data_cache=data_lib.cache_root(config, workdir.root),
+    )
+    expression = split_expression(config, request.split)
+    record = {"real_num": int(len(real_fid)), "split": request.split, "split_expression": expression}
+    return _Real(kid_extractor, real_kid, real_fid, None, record)
+
+
+def _real_statistics(request: EvalRequest, stats: dict[str, Any], fid_extractor, kid_extractor, log: Log) -> _Real:
+    """The reference statistics file in place of the real images; KID only if it holds the KID network's features."""
+    path = request.real_stats
+    if stats["network"] not in (None, fid_extractor.identity):
+        raise EvaluationError(f"{path} was computed with {stats['network']}, not {fid_extractor.identity}")
+    real_kid = stats["features"] if kid_extractor is fid_extractor else None
+    if real_kid is None:
+        kid_extractor = None
+        log(f"KID: not computed ({path} holds no {request.kid_net} features; --real-stats alone gives FID)")
+    record = {
+        "real_num": int(len(real_kid)) if real_kid is not None else None,
+        "real_stats": str(path),
+        "real_stats_md5": file_md5(path),
+    }
+    return _Real(kid_extractor, real_kid, None, stats, record)
+
+
+def _generated(request: EvalRequest, pipe, real: _Real, fid_extractor, log: Log, show_progress: bool):
+    """``(KID features, (mu, sigma) for FID)`` of ``request.num`` generated images, batch by batch."""
+    from ddim.summary import Progress
+
+    progress = Progress(request.num, 0, description="eval") if show_progress else None
+    started = time.perf_counter()
+
+    def generate(count: int, seed: int) -> np.ndarray:
+        return pipe.generate(count, spec=request.spec, seed=seed, batch_size=count)
 
     def on_batch(done: int) -> None:
         if progress is not None:
             progress.update(done, "")
 
+    # With reference statistics the generated FID features are kept too: FID then needs no d x d
+    # eigendecomposition when there are fewer images than dimensions.
+    keep = real.kid_extractor if real.kid_extractor is not None or real.stats is None else fid_extractor
     try:
-        # With reference statistics the generated FID features are kept too: FID then needs no d x d
-        # eigendecomposition when there are fewer images than dimensions.
-        keep = kid_extractor if kid_extractor is not None or reference_stats is None else fid_extractor
-        gen_features, gen_stats = generated_features(generate, num, batch_size, seed, keep, fid_extractor, on_batch)
+        result = generated_features(generate, request.num, request.batch_size, request.seed, keep, fid_extractor,
+                                    on_batch)
     finally:
         if progress is not None:
             progress.close()
-    log(f"generated and featurised {num} images in {time.perf_counter() - generation_started:.1f}s")
+    log(f"generated and featurised {request.num} images in {time.perf_counter() - started:.1f}s")
+    return result
 
+
+def _scores(request: EvalRequest, real: _Real, gen_features, gen_stats) -> dict[str, Any]:
+    """KID (mean, std, subset size; None without KID features) and FID."""
     kid_mean = kid_std = subset_size = None
-    if kid_extractor is not None:
-        subset_size = min(kid_subset_size, len(real_kid), len(gen_features))
-        kid_mean, kid_std = metrics.kid(real_kid, gen_features, kid_subsets, subset_size, rng=seed % 2**32)
-    if reference_stats is None:
-        fid = metrics.fid_from_features_and_stats(real_fid, *gen_stats)
+    if real.kid_extractor is not None:
+        subset_size = min(request.kid_subset_size, len(real.kid_features), len(gen_features))
+        kid_mean, kid_std = metrics.kid(
+            real.kid_features, gen_features, request.kid_subsets, subset_size, rng=request.seed % 2**32
+        )
+    if real.stats is None:
+        fid = metrics.fid_from_features_and_stats(real.fid_features, *gen_stats)
     else:
-        if reference_stats["mu"].shape != gen_stats[0].shape:
+        if real.stats["mu"].shape != gen_stats[0].shape:
             raise EvaluationError(
-                f"{real_stats} holds {reference_stats['mu'].size}-d statistics, but the {fid_net} network "
-                f"gives {gen_stats[0].size}-d features"
+                f"{request.real_stats} holds {real.stats['mu'].size}-d statistics, but the {request.fid_net} "
+                f"network gives {gen_stats[0].size}-d features"
             )
-        fid = metrics.fid_from_features_and_stats(gen_features, reference_stats["mu"], reference_stats["sigma"])
+        fid = metrics.fid_from_features_and_stats(gen_features, real.stats["mu"], real.stats["sigma"])
+    return {"kid_mean": kid_mean, "kid_std": kid_std, "kid_subset_size": subset_size, "fid": fid}
 
-    record: dict[str, Any] = {
+
+def _record(request: EvalRequest, pipe, real: _Real, scores: dict[str, Any], fid_extractor,
+            wall_time: float) -> dict[str, Any]:
+    """The ``eval.jsonl`` line: what was scored and how, then the scores and the networks behind them."""
+    kid_extractor = real.kid_extractor
+    return {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "checkpoint": str(pipe.path),
         "step": pipe.step,
         "config": pipe.config.name,
-        "steps": steps,
-        "sampler": sampler,
-        "spacing": spacing,
-        "eta": float(eta),
-        "seed": seed,
-        "num": num,
-        **real_stats_record,
-        "kid_mean": kid_mean,
-        "kid_std": kid_std,
-        "kid_subsets": kid_subsets if kid_extractor is not None else None,
-        "kid_subset_size": subset_size,
+        **request.spec.to_dict(),
+        "seed": request.seed,
+        "num": request.num,
+        **real.record,
+        "kid_mean": scores["kid_mean"],
+        "kid_std": scores["kid_std"],
+        "kid_subsets": request.kid_subsets if kid_extractor is not None else None,
+        "kid_subset_size": scores["kid_subset_size"],
         "kid_image_size": kid_extractor.image_size if kid_extractor is not None else None,
-        "fid": fid,
+        "fid": scores["fid"],
         "fid_image_size": fid_extractor.image_size,
-        "kid_net": kid_net,
-        "fid_net": fid_net,
+        "kid_net": request.kid_net,
+        "fid_net": request.fid_net,
         "kid_feature_net": kid_extractor.identity if kid_extractor is not None else None,
         "fid_feature_net": fid_extractor.identity,
         "fid_weights_sha256": getattr(fid_extractor, "digest", None),
-        "wall_time_s": round(time.perf_counter() - started, 3),
+        "wall_time_s": round(wall_time, 3),
     }
-    eval_file = workdir / EVAL_FILE
+
+
+def _append(workdir: Workdir, record: dict[str, Any]) -> dict[str, Any]:
+    eval_file = workdir.eval_file
     try:
         append_record(eval_file, record)
     except OSError as error:
         raise EvaluationError(f"cannot write {eval_file}: {error.strerror or error}") from None
     return {**record, "eval_file": str(eval_file)}
-
-
-_NETWORK_LABELS = {"standard": "pool3", "keras": "Keras"}
-
-
-def format_table(result: dict[str, Any]) -> str:
-    """A small two-column text table of an evaluation result."""
-    def net(kind: str) -> str:
-        return _NETWORK_LABELS.get(result.get(f"{kind}_net") or "", result.get(f"{kind}_net") or "?")
-
-    if result.get("real_stats"):
-        real = f"statistics from {result['real_stats']}"
-    else:
-        real = f"{result['real_num']} images of the {result['split']} split ({result['split_expression']})"
-    if result.get("kid_mean") is None:
-        kid = ("KID", "not computed (the reference statistics file holds no features)")
-    else:
-        kid = (
-            f"KID ({net('kid')}, {result['kid_image_size']}px)",
-            f"{result['kid_mean']:.4g} ± {result['kid_std']:.2g} "
-            f"({result['kid_subsets']} subsets of {result['kid_subset_size']})",
-        )
-    rows = [
-        ("checkpoint", f"{result['checkpoint']} (step {result['step']})"),
-        (
-            "generated",
-            f"{result['num']} images, {result['steps']} steps of {result.get('sampler', 'ddim')} "
-            f"({result.get('spacing', 'uniform')} spacing), eta {result['eta']:g}, seed {result['seed']}",
-        ),
-        ("real", real),
-        kid,
-        (f"FID ({net('fid')}, {result['fid_image_size']}px)", f"{result['fid']:.2f}"),
-        ("FID network", result["fid_feature_net"]),
-        ("wall time", f"{result['wall_time_s']:.1f}s"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)

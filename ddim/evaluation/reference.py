@@ -22,9 +22,11 @@ import numpy as np
 
 from ddim.config import Config
 from ddim.evaluation.features import EvaluationError, FeatureExtractor, extract_with_progress
+from ddim.workdir.layout import EVAL_CACHE
 
 SPLITS = ("val", "train")
-CACHE_DIR = "eval_cache"
+CACHE_DIR = EVAL_CACHE
+"""The folder of cached real features in a work directory (:attr:`ddim.workdir.layout.Workdir.eval_cache`)."""
 _CACHE_VERSION = 1  # bump when the preprocessing or the cache layout changes
 
 
