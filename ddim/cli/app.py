@@ -110,11 +110,6 @@ def sampling_spec(steps: int = DEFAULT_STEPS, sampler: str = "ddim", spacing: st
         fail(error.cli_message, code=2)
 
 
-def check_sampler_options(sampler: str, spacing: str, eta: float) -> None:
-    """Exit with status 2 and one line for an unknown sampler or spacing or a bad eta (see :func:`sampling_spec`)."""
-    sampling_spec(sampler=sampler, spacing=spacing, eta=eta)
-
-
 @contextlib.contextmanager
 def progress_bar(total: int, description: str) -> Iterator:
     """A progress bar on stderr for ``total`` items; yields ``on_batch(n)``, to call after each ``n`` done."""

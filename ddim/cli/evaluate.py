@@ -18,30 +18,12 @@ from ddim.cli.app import (
     fail,
     require_positive,
     sampler_option,
+    sampling_spec,
     setup_runtime,
     spacing_option,
     user_errors,
     workdir_option,
 )
-from ddim.errors import InputError
-from ddim.spec import SAMPLERS, SPACINGS, SamplingSpec
-
-
-def sampling_spec_option(steps: int, sampler: str, spacing: str, eta: float) -> SamplingSpec:
-    """The sampler options as one :class:`SamplingSpec`, or exit 2 with one ``error:`` line naming the option."""
-    if sampler not in SAMPLERS:
-        fail(f"unknown --sampler {sampler!r} (choose from {', '.join(SAMPLERS)})", code=2)
-    if spacing not in SPACINGS:
-        fail(f"unknown --spacing {spacing!r} (choose from {', '.join(SPACINGS)})", code=2)
-    if eta < 0:
-        fail(f"--eta must be >= 0 (got {eta})", code=2)
-    if eta > 0 and not SAMPLERS[sampler].stochastic:
-        stochastic = " or ".join(name for name, kind in SAMPLERS.items() if kind.stochastic)
-        fail(f"--eta > 0 needs --sampler {stochastic} ({sampler} is deterministic)", code=2)
-    try:
-        return SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, eta=eta)
-    except InputError as error:  # what the checks above do not word for the command line (eta nan, ...)
-        fail(str(error), code=2)
 
 
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
@@ -99,7 +81,7 @@ def eval_command(
     for name, value in (("num", num), ("real-num", real_num)):
         if value is not None and value < 2:
             fail(f"--{name} must be >= 2 for KID and FID (got {value})", code=2)
-    spec = sampling_spec_option(steps, sampler, spacing, eta)
+    spec = sampling_spec(steps, sampler, spacing, eta)
     _check_choice("split", split, SPLITS)
     _check_choice("fid-net", fid_net, NETWORKS)
     _check_choice("kid-net", kid_net, NETWORKS)
