@@ -1,0 +1,182 @@
+"""The recipe ablation: which training changes make ddim converge faster than the Keras example's recipe.
+
+Run:  python benchmarks/recipe.py --root /tmp/recipe [--variants keras,velocity,...] [--steps 1000 4000]
+      python benchmarks/recipe.py --root /tmp/recipe --time-only     (seconds per step of every variant, 32 and 64 px)
+
+Every variant trains ``configs/flowers64.toml`` at 32x32 with batch 64 from the same seed and data order
+(``ddim train``, so a rerun resumes where it stopped), with one change or a combination. At each of
+``--steps`` it samples ``--num`` images (default 1,000) with 20 steps of ddim/uniform and of
+dpmpp-2m/logsnr and scores them with the standard FID Inception against all 8,189 Oxford Flowers images at
+32x32 (``ddim eval --split all``; the real features are cached once in ``<root>/eval_cache``). Seconds per
+training step are measured apart (``--time-only``, on a quiet machine), at 32x32 and at 64x64, because a
+contended machine makes them meaningless and attention costs time.
+
+Results go to ``<root>/results.jsonl`` (one line per variant, step and sampler; a rerun skips what is done)
+and ``<root>/timing.json``; the table is printed as Markdown at the end. Sample quality is FID of samples,
+never the distance to a converged ODE solution: the two disagree (see the docs' sampler table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
+from ddim import runtime  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import log  # noqa: E402
+
+if __name__ == "__main__":
+    runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
+
+BASE = [
+    "model.image_size=32", "train.batch_size=64", "train.kid_images=0", "train.eval_every=0",
+    "train.keep_checkpoints=100",
+]
+"""The Keras example's recipe at 32x32 (configs/flowers64.toml otherwise): what every variant starts from."""
+
+ATTENTION = ["model.attention_resolutions=[16, 8]", "model.attention_heads=4"]
+SCHEDULE = ['train.lr_schedule="cosine"', "train.warmup_steps=200", "train.grad_clip=1.0"]
+VARIANTS: dict[str, list[str]] = {
+    "keras": [],
+    "velocity": ['model.prediction="velocity"'],
+    "mse": ['train.loss="mse"'],
+    "min-snr": ['train.loss_weighting="min-snr"'],
+    "p2": ['train.loss_weighting="p2"'],
+    "attention": ATTENTION,
+    "every-block": ['model.embedding_injection="every-block"'],
+    "schedule": SCHEDULE,
+    "combined": ['model.prediction="velocity"', 'train.loss="mse"', 'train.loss_weighting="min-snr"', *ATTENTION,
+                 'model.embedding_injection="every-block"', *SCHEDULE],
+}
+"""Each change alone, and the combination; names are the work directories under --root."""
+
+SAMPLERS = (("ddim", "uniform"), ("dpmpp-2m", "logsnr"))
+
+
+def overrides(variant: str, max_steps: int, checkpoint_every: int) -> list[str]:
+    return [*BASE, *VARIANTS[variant], f"train.max_steps={max_steps}", f"train.checkpoint_every={checkpoint_every}",
+            f"name={json.dumps(variant)}"]
+
+
+def train(root: Path, variant: str, steps: list[int]) -> None:
+    """Train (or resume) ``variant`` to the largest of ``steps`` with the ``ddim`` command."""
+    every = min(steps) if all(s % min(steps) == 0 for s in steps) else 1000
+    command = [sys.executable, "-m", "ddim.cli", "train", "--config", str(REPO / "configs" / "flowers64.toml"),
+               "--workdir", str(root / variant)]
+    # One preprocessed-image cache for every variant.
+    for override in [*overrides(variant, max(steps), every), f"data.cache_dir={json.dumps(str(root / 'data_cache'))}"]:
+        command += ["--set", override]
+    log(f"{variant}: training to step {max(steps)}")
+    subprocess.run(command, check=True)
+
+
+def done(root: Path) -> set[tuple[str, int, str, str]]:
+    path = root / "results.jsonl"
+    if not path.exists():
+        return set()
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["variant"], r["step"], r["sampler"], r["spacing"]) for r in lines}
+
+
+def score(root: Path, variant: str, step: int, sampler: str, spacing: str, num: int) -> dict:
+    """FID (and KID) of ``num`` samples of the checkpoint at ``step`` against all Flowers images."""
+    from ddim.evaluation import EvalRequest, evaluate
+    from ddim.spec import SamplingSpec
+
+    request = EvalRequest(root / variant / "checkpoints" / str(step), num=num, split="all", workdir=root,
+                          spec=SamplingSpec(steps=20, sampler=sampler, spacing=spacing), kid_subset_size=num)
+    record = evaluate(request, log=log, show_progress=False)
+    return {"variant": variant, "step": step, "sampler": sampler, "spacing": spacing, "fid": record["fid"],
+            "kid": record["kid_mean"], "num": num, "real_num": record["real_num"]}
+
+
+def seconds_per_step(variant: str, image_size: int, repeats: int = 10) -> float:
+    """Median wall time of one compiled training step at batch 64 (random images: the step does not care)."""
+    import functools
+
+    import jax
+    import numpy as np
+
+    from ddim.config import load_config
+    from ddim.objective import Objective
+    from ddim.train import state as state_lib
+
+    config = load_config(REPO / "configs" / "flowers64.toml",
+                         [*overrides(variant, 4000, 1000), f"model.image_size={image_size}"])
+    state = state_lib.create_train_state(config, jax.random.key(0))
+    step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True,
+                                     objective=Objective.of(config.model, config)), donate_argnums=(0,))
+    images = np.random.default_rng(0).integers(0, 256, (64, image_size, image_size, 3), dtype=np.uint8)
+    batch = {"image": jax.numpy.asarray(images), "label": jax.numpy.full((64,), -1, jax.numpy.int32)}
+    state, metrics = step(state, batch, jax.random.key(1))  # compile
+    jax.block_until_ready(metrics)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        state, metrics = step(state, batch, jax.random.key(1))
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def table(root: Path, timing: dict) -> str:
+    rows = [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines() if line.strip()]
+    fids = {(r["variant"], r["step"], r["sampler"]): r["fid"] for r in rows}
+    lines = ["| variant | s/step 32px | s/step 64px | steps | FID ddim/uniform | FID dpmpp-2m/logsnr |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for variant in VARIANTS:
+        for step in sorted({r["step"] for r in rows if r["variant"] == variant}):
+            seconds = timing.get(variant, {})
+            cells = [f"{fids[(variant, step, s)]:.1f}" if (variant, step, s) in fids else "" for s, _ in SAMPLERS]
+            lines.append(f"| {variant} | {seconds.get('32', float('nan')):.2f} | {seconds.get('64', float('nan')):.2f}"
+                         f" | {step} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="Work directories and results (outside the repo).")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="Comma-separated names of VARIANTS.")
+    parser.add_argument("--steps", type=int, nargs="+", default=[1000, 4000], help="Checkpoints to score.")
+    parser.add_argument("--num", type=int, default=1000, help="Samples per FID.")
+    parser.add_argument("--time-only", action="store_true", help="Only measure seconds per step (quiet machine).")
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    args.root.mkdir(parents=True, exist_ok=True)
+    timing_path = args.root / "timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    if args.time_only:
+        for variant in variants:
+            timing[variant] = {str(size): seconds_per_step(variant, size) for size in (32, 64)}
+            log(f"{variant}: {timing[variant]}")
+            timing_path.write_text(json.dumps(timing, indent=1))
+    else:
+        for variant in variants:
+            train(args.root, variant, args.steps)
+            finished = done(args.root)
+            for step in args.steps:
+                for sampler, spacing in SAMPLERS:
+                    if (variant, step, sampler, spacing) in finished:
+                        continue
+                    result = score(args.root, variant, step, sampler, spacing, args.num)
+                    log(json.dumps(result))
+                    with open(args.root / "results.jsonl", "a") as f:
+                        f.write(json.dumps(result) + "\n")
+    if (args.root / "results.jsonl").exists():
+        print(table(args.root, timing))
+
+
+if __name__ == "__main__":
+    main()
