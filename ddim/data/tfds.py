@@ -1,7 +1,7 @@
 """A TFDS dataset as a data source: each split expression decoded once into the cache.
 
-TensorFlow is imported lazily (it is slow to import and only TFDS needs it) and
-never sees a GPU, so it cannot take accelerator memory from JAX. TensorFlow
+TensorFlow is imported lazily (:func:`ddim.runtime.tensorflow`: it is slow to import
+and only TFDS needs it) and never sees a GPU, so it cannot take accelerator memory from JAX. TensorFlow
 decodes the images (as TFDS always has); cropping and resizing is the shared
 :func:`ddim.data.preprocess.center_crop_resize`, which gives exactly the
 pixels of the former ``tf.image.resize`` pipeline. Labels (a ``label``
@@ -10,7 +10,6 @@ class feature) and their names are stored with the images.
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,26 +17,10 @@ from typing import Callable
 import numpy as np
 
 from ddim.config import Config
-from ddim.data import cache as cache_lib
+import ddim.data.cache as cache_lib
+from ddim.data.errors import DataError
 from ddim.data.preprocess import PREPROCESS_VERSION, center_crop_resize
-
-
-@functools.cache
-def tensorflow():
-    """Import TensorFlow for the input pipeline only, hiding every GPU from it."""
-    import tensorflow as tf
-
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:  # pragma: no cover - devices were already initialised
-        pass
-    return tf
-
-
-def _data_error(message: str):
-    from ddim.data import DataError
-
-    return DataError(message)
+from ddim.runtime import tensorflow
 
 
 def _unreadable(error, dataset: str, split: str) -> Exception:
@@ -48,7 +31,7 @@ def _unreadable(error, dataset: str, split: str) -> Exception:
     if what is None:  # not an OS error: a truncated or garbled record
         path = path_in_message(error)
         what = f"damaged data file: {path}" if path else f"damaged data file ({first_line(error)})"
-    return _data_error(
+    return DataError(
         f"cannot read split {split!r} of {dataset!r}: {what} (the prepared copy is incomplete: prepare it again)"
     )
 
@@ -67,7 +50,7 @@ def _load(config: Config, split: str):
         )
     except Exception as error:  # TFDS raises many types (download, not found, bad split).
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise _data_error(
+        raise DataError(
             f"cannot load TFDS dataset {config.data.dataset!r} split {split!r}: {message} "
             "(offline? point TFDS_DATA_DIR or data.data_dir to a prepared copy)"
         ) from None
@@ -78,10 +61,10 @@ def build_or_open(config: Config, split: str, cache_root: Path, log: Callable[[s
     """The cache entry of one TFDS split expression at ``model.image_size``, built on first use."""
     dataset, info = _load(config, split)
     if "image" not in info.features:
-        raise _data_error(f"TFDS dataset {config.data.dataset!r} has no 'image' feature")
+        raise DataError(f"TFDS dataset {config.data.dataset!r} has no 'image' feature")
     channels = info.features["image"].shape[-1]
     if channels != config.model.channels:
-        raise _data_error(
+        raise DataError(
             f"dataset {config.data.dataset!r} has {channels}-channel images but model.channels is "
             f"{config.model.channels}"
         )
@@ -146,7 +129,7 @@ def _build(directory, dataset, info, split, key, fingerprint, count, size, chann
     count = row
     if count == 0:
         writer.abandon()
-        raise _data_error(f"split {split!r} of {info.name!r} has no images")
+        raise DataError(f"split {split!r} of {info.name!r} has no images")
     seconds = time.perf_counter() - started
     index = writer.finish(
         {
