@@ -48,6 +48,15 @@ class Data:
         return len(self.class_names)
 
     @property
+    def train_class_counts(self) -> np.ndarray | None:
+        """Training images per class id, ``(num_classes,)`` int64 (unlabelled images not counted);
+        None when the train split was not opened."""
+        if self.train is None:
+            return None
+        labels = self.train.label_array()
+        return np.bincount(labels[labels >= 0], minlength=self.num_classes)
+
+    @property
     def usable(self) -> int:
         return sum(len(split) for split in (self.train, self.val) if split is not None)
 

@@ -105,15 +105,16 @@ def to_float(images):
     return images.astype(jnp.float32) / 255.0
 
 
-def train_step(state: TrainState, images, rng, ema_decay: float, ema_warmup: bool):
+def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool):
     """One AdamW step on the mean absolute error of the predicted noise, then the EMA update.
 
-    ``images`` are uint8 ``(B, H, W, C)``; ``rng`` is the run's base key, folded
-    with the step so every step has its own noise whatever process runs it.
+    ``batch`` is ``{"image": uint8 (B, H, W, C), "label": int32 (B,)}`` (the
+    labels are not used yet); ``rng`` is the run's base key, folded with the
+    step so every step has its own noise whatever process runs it.
     Returns the new state and ``{"noise_loss", "image_loss"}``.
     """
     rng = jax.random.fold_in(rng, state.step)
-    images = to_float(images)
+    images = to_float(batch["image"])
 
     def loss_fn(params):
         (noises, clean, pred_noises, pred_images), updates = state.apply_fn(
@@ -127,16 +128,17 @@ def train_step(state: TrainState, images, rng, ema_decay: float, ema_warmup: boo
     return new_state, {"noise_loss": noise_loss, "image_loss": image_loss}
 
 
-def eval_step(state: TrainState, images, rng):
-    """Validation losses of the EMA model (BatchNorm in inference mode) on uint8 ``images``."""
-    noises, clean, pred_noises, pred_images = state.apply_fn(ema_variables(state), to_float(images), rng, train=False)
+def eval_step(state: TrainState, batch, rng):
+    """Validation losses of the EMA model (BatchNorm in inference mode) on a batch's uint8 images."""
+    images = to_float(batch["image"])
+    noises, clean, pred_noises, pred_images = state.apply_fn(ema_variables(state), images, rng, train=False)
     return {"noise_loss": mean_absolute_error(noises, pred_noises), "image_loss": mean_absolute_error(clean, pred_images)}
 
 
 def compiled_steps(ema_decay: float, ema_warmup: bool, mesh=None):
     """Jitted train and eval steps over ``mesh`` (default: all devices).
 
-    Inputs arrive replicated (state, key) and batch-sharded (images); outputs
+    Inputs arrive replicated (state, key) and batch-sharded (the batch); outputs
     are pinned replicated, so XLA all-reduces gradients and BatchNorm
     statistics across devices. The train step donates the old state.
     """
@@ -166,10 +168,11 @@ def set_normalizer_stats(state: TrainState, mean, var) -> TrainState:
 
 
 def image_statistics(batches) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and variance of uint8 image batches, as floats in [0, 1] units."""
+    """Per-channel mean and variance of the uint8 images of batches, as floats in [0, 1] units."""
     total, total_sq, count = 0.0, 0.0, 0
     for batch in batches:
-        pixels = batch.reshape(-1, batch.shape[-1]).astype(np.float64) / 255.0
+        images = batch["image"]
+        pixels = images.reshape(-1, images.shape[-1]).astype(np.float64) / 255.0
         total = total + pixels.sum(0)
         total_sq = total_sq + (pixels**2).sum(0)
         count += pixels.shape[0]
