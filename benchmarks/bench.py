@@ -70,9 +70,11 @@ def bench_training(config, windows: int, window_steps: int) -> dict:
     state = train_lib.create_train_state(config, jax.random.key(0))
     shape = (t.batch_size, config.model.image_size, config.model.image_size, config.model.channels)
     batches = [
-        jax.device_put(np.random.default_rng(i).integers(0, 256, shape, dtype=np.uint8)) for i in range(4)
+        jax.device_put({"image": np.random.default_rng(i).integers(0, 256, shape, dtype=np.uint8),
+                        "label": np.full(t.batch_size, -1, np.int32)})
+        for i in range(4)
     ]
-    step_fn, _ = train_lib.compiled_steps(t.ema_decay, t.ema_warmup)
+    step_fn, _ = train_lib.compiled_steps(config)
     rng = jax.random.key(1)
     start = time.perf_counter()
     compiled = step_fn.lower(state, batches[0], rng).compile()

@@ -107,9 +107,6 @@ class DataConfig:
     """TFDS data directory; empty means TFDS's default (or $TFDS_DATA_DIR)."""
     dataset_repetitions: int = 5
     """Passes over the training images per epoch (as in the Keras example)."""
-    shuffle_buffer: int = 640
-    """Unused: each epoch is now one global shuffle (see the README). Kept so that older configs and
-    checkpoints still load."""
 
 
 @dataclass(frozen=True)
@@ -266,9 +263,29 @@ def _build(cls, values: dict[str, Any], prefix: str):
     return cls(**kwargs)
 
 
+# Keys ("section.key") that configs once had and that mean nothing now: dropped on load (with no warning), so older
+# config files and the configs stored in older checkpoints still load. Never reuse such a name.
+RETIRED_KEYS = frozenset({
+    "data.shuffle_buffer",  # each epoch is one global shuffle (ddim.data.loader), no buffer
+})
+
+
+def drop_retired_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of nested config dicts without the :data:`RETIRED_KEYS`."""
+    if not isinstance(values, dict):
+        return values  # _build reports it
+    values = dict(values)
+    for key in RETIRED_KEYS:
+        section, _, leaf = key.rpartition(".")
+        table = values.get(section)
+        if isinstance(table, dict) and leaf in table:
+            values[section] = {name: value for name, value in table.items() if name != leaf}
+    return values
+
+
 def from_dict(values: dict[str, Any]) -> Config:
-    """Build and validate a Config from nested dicts (e.g. a parsed TOML file)."""
-    config = _build(Config, values, "")
+    """Build and validate a Config from nested dicts (e.g. a parsed TOML file; retired keys are dropped)."""
+    config = _build(Config, drop_retired_keys(values), "")
     validate(config)
     return config
 
@@ -339,7 +356,6 @@ def validate(config: Config) -> None:
         "train.sample_steps": t.sample_steps,
         "train.kid_steps": t.kid_steps,
         "data.dataset_repetitions": d.dataset_repetitions,
-        "data.shuffle_buffer": d.shuffle_buffer,
         "data.max_image_pixels": d.max_image_pixels,
     }
     for key, value in positive.items():

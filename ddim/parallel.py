@@ -85,9 +85,14 @@ def process_slice(batch_size: int) -> slice:
     return slice(start, start + per_process)
 
 
-def global_batch(local_batch: np.ndarray, mesh: Mesh) -> jax.Array:
-    """Assemble a global batch sharded along ``data`` from each process's local rows."""
-    return jax.make_array_from_process_local_data(batch_sharded(mesh), local_batch)
+def global_batch(local_batch, mesh: Mesh):
+    """Assemble a global batch sharded along ``data`` from each process's local rows.
+
+    ``local_batch`` is a pytree of arrays whose first axis is the batch (a dict
+    ``{"image", "label"}``, or one array); the result has the same structure.
+    """
+    sharding = batch_sharded(mesh)
+    return jax.tree.map(lambda rows: jax.make_array_from_process_local_data(sharding, rows), local_batch)
 
 
 def replicate(tree, mesh: Mesh):

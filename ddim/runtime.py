@@ -8,10 +8,14 @@ it. Flags the user already set in ``XLA_FLAGS`` are never overridden, and
 ``restart_with_fast_allocator`` re-executes the process with glibc's malloc
 tuned for XLA (only settable before a process starts); the ``ddim`` command and
 the benchmark call it first thing. ``DDIM_RESTART=0`` turns it off.
+
+``tensorflow`` imports TensorFlow (TFDS decoding, TensorBoard events, the
+Keras InceptionV3) on demand, with every GPU hidden from it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -142,3 +146,19 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+@functools.cache
+def tensorflow():
+    """TensorFlow, imported on first use, with every GPU hidden from it.
+
+    Importing it is slow and only some paths need it; hiding the GPUs keeps it
+    from taking accelerator memory that JAX needs.
+    """
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # pragma: no cover - devices were already initialised
+        pass
+    return tf

@@ -20,15 +20,17 @@ def step_mode(args):
     config = tiny_config()
     mesh = parallel.data_mesh()
     state = train_lib.create_train_state(config, jax.random.key(0), mesh=mesh)
-    step_fn, _ = train_lib.compiled_steps(config.train.ema_decay, True, mesh)
+    step_fn, _ = train_lib.compiled_steps(config, mesh)
     rng = np.random.default_rng(0)
     losses = []
     for i in range(3):
-        batch = rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8)
-        images = parallel.global_batch(batch, mesh)
+        local = {"image": rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8), "label": np.arange(8, dtype=np.int32)}
+        batch = parallel.global_batch(local, mesh)
+        images = batch["image"]
         shards = len(images.addressable_shards)
         shard_rows = images.addressable_shards[0].data.shape[0]
-        state, metrics = step_fn(state, images, jax.random.key(1))
+        label_rows = batch["label"].addressable_shards[0].data.shape[0]
+        state, metrics = step_fn(state, batch, jax.random.key(1))
         losses.append(float(metrics["noise_loss"]))
     params = jax.tree.leaves(jax.device_get(state.params))
     stats = jax.tree.leaves(jax.device_get(state.batch_stats))
@@ -40,6 +42,7 @@ def step_mode(args):
         "batch_spec": list(images.sharding.spec),
         "shards": shards,
         "shard_rows": shard_rows,
+        "label_rows": label_rows,
         "state_replicated": all(x.sharding.is_fully_replicated for x in jax.tree.leaves(state)),
     }
 

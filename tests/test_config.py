@@ -75,3 +75,21 @@ def test_round_trip_through_a_dict():
 
 def test_overrides_create_sections():
     assert apply_overrides({}, ["train.seed=3"]) == {"train": {"seed": 3}}
+
+
+def test_retired_keys_of_old_configs_and_checkpoints_are_dropped(tmp_path):
+    """``data.shuffle_buffer`` is gone, but files and checkpoints that still have it load (RETIRED_KEYS)."""
+    from ddim.config import RETIRED_KEYS
+
+    assert "data.shuffle_buffer" in RETIRED_KEYS
+    old = tmp_path / "old.toml"
+    old.write_text("[data]\nshuffle_buffer = 640\ndataset_repetitions = 2\n")
+    assert load_config(old).data.dataset_repetitions == 2
+    stored = load_config(CONFIGS / "smoke.toml").to_dict()  # as a checkpoint stores it
+    assert "shuffle_buffer" not in stored["data"]
+    stored["data"]["shuffle_buffer"] = 640
+    assert from_dict(stored) == load_config(CONFIGS / "smoke.toml")
+    assert stored["data"]["shuffle_buffer"] == 640  # the caller's dict is left alone
+    assert load_config(CONFIGS / "smoke.toml", ["data.shuffle_buffer=1"]) == load_config(CONFIGS / "smoke.toml")
+    with pytest.raises(ConfigError, match="unknown config key 'data.shuffle_buffers'"):
+        load_config(CONFIGS / "smoke.toml", ["data.shuffle_buffers=1"])

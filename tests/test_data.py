@@ -81,6 +81,10 @@ def test_tfds_split_goes_through_the_cache_with_labels(tmp_path):
     assert images.shape == (32, 16, 16, 3) and images.dtype == np.uint8 and loaded.val is None
     assert isinstance(images, data.ImageRows)  # read from disk, not held in memory
     assert len(loaded.class_names) == 102 and images.labels.min() >= 0
+    counts = loaded.train_class_counts
+    assert counts.shape == (102,) and counts.sum() == 32
+    batch = next(data.first_batches(images, config, 1))
+    assert batch["image"].shape == (8, 16, 16, 3) and batch["label"].dtype == np.int32
     np.testing.assert_array_equal(np.asarray(again.train), np.asarray(images))
     (entry,) = (tmp_path / "data_cache").iterdir()
     assert entry.name.startswith("tfds-oxford_flowers102-")
@@ -91,7 +95,9 @@ def test_eval_batches_are_fixed_and_whole():
     images = np.arange(20 * 4 * 4 * 3, dtype=np.uint8).reshape(20, 4, 4, 3)
     batches = list(data.eval_batches(images, config))
     assert len(batches) == 2
-    np.testing.assert_array_equal(np.concatenate(batches), images[:16])
+    np.testing.assert_array_equal(np.concatenate([batch["image"] for batch in batches]), images[:16])
+    # A plain array of images has no labels: every label is -1.
+    assert all(batch["label"].dtype == np.int32 and (batch["label"] == -1).all() for batch in batches)
 
 
 def test_too_small_dataset_is_a_clear_error():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -211,8 +212,8 @@ def test_batches_resume_exactly_and_shard_by_process_rows(tmp_path):
     config = folder_config(root, "data.dataset_repetitions=2", "data.val_fraction=0.25")
     train = data.load(config, tmp_path / "run", log=quiet(), show_progress=False).train
     steps = data.steps_per_epoch(config, len(train))
-    batches = data.train_batches(train, config, 0, steps)
-    two_epochs = [next(batches) for _ in range(2 * steps)]
+    images = (batch["image"] for batch in data.train_batches(train, config, 0, steps))
+    two_epochs = [next(images) for _ in range(2 * steps)]
     epoch0 = np.concatenate(two_epochs[:steps])
     # Each image twice per epoch (the repetitions are shuffled together), a new order each epoch.
     counts = {}
@@ -223,11 +224,37 @@ def test_batches_resume_exactly_and_shard_by_process_rows(tmp_path):
     for start in (3, steps, steps + 1):
         resumed = data.train_batches(train, config, start, steps)
         for expected in two_epochs[start : start + 3]:
-            np.testing.assert_array_equal(next(resumed), expected)
+            np.testing.assert_array_equal(next(resumed)["image"], expected)
     # Two processes: each reads its half of every global batch.
     halves = [data.train_batches(train, config, 0, steps, rows=rows) for rows in (slice(0, 4), slice(4, 8))]
     for expected in two_epochs[:3]:
-        np.testing.assert_array_equal(np.concatenate([next(h) for h in halves]), expected)
+        np.testing.assert_array_equal(np.concatenate([next(h)["image"] for h in halves]), expected)
+
+
+def test_batches_carry_each_images_label(tmp_path):
+    """Batches are {"image", "label"}: the class of the file each image came from, -1 at the top level."""
+    root = tmp_path / "photos"
+    write_plain_folder(root, 24, classes=("cats", "dogs"))
+    write_plain_folder(root, 6, start=24)  # directly in the folder: no class
+    config = folder_config(root, "data.val_fraction=0.25")
+    loaded = data.load(config, tmp_path / "run", log=quiet(), show_progress=False)
+    # Each image's pixels identify its file: the expected label of every distinct image.
+    expected = {}
+    for images in (loaded.train, loaded.val):
+        for image, label in zip(np.asarray(images), images.labels):
+            expected[bytes(image)] = int(label)
+    by_class = {name: i for i, name in enumerate(loaded.class_names)}
+    assert loaded.class_names == ["cats", "dogs"] and sorted(expected.values()).count(-1) == 6
+    counts = loaded.train_class_counts
+    assert counts.tolist() == [int((loaded.train.labels == i).sum()) for i in range(2)] and counts.sum() > 0
+    steps = data.steps_per_epoch(config, len(loaded.train))
+    batches = [*itertools.islice(data.train_batches(loaded.train, config, 0, steps), steps),
+               *data.eval_batches(loaded.val, config), *data.first_batches(loaded.train, config, 1)]
+    for batch in batches:
+        assert set(batch) == {"image", "label"} and batch["label"].dtype == np.int32
+        assert batch["label"].shape == (len(batch["image"]),)
+        assert [expected[bytes(image)] for image in batch["image"]] == batch["label"].tolist()
+    assert {by_class["cats"], by_class["dogs"], -1} <= {int(x) for b in batches for x in b["label"]}
 
 
 def run_cli(*args):

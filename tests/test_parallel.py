@@ -41,6 +41,7 @@ def test_one_and_four_devices_train_the_same_function():
     assert (one["devices"], four["devices"]) == (1, 4)
     # The batch really is split: 4 shards of 2 rows along the 'data' axis; the state is replicated.
     assert four["batch_spec"] == ["data"] and four["shards"] == 4 and four["shard_rows"] == 2
+    assert four["label_rows"] == 2  # the labels are split like the images
     assert four["state_replicated"]
     np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-4)
     np.testing.assert_allclose(four["params"], one["params"], rtol=1e-4)

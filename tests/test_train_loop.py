@@ -61,8 +61,8 @@ def _patched_steps(monkeypatch, after_step):
     def fake(decay, warmup, mesh=None):
         step_fn, eval_fn = real(decay, warmup, mesh)
 
-        def wrapped(state, images, rng):
-            state, metrics = step_fn(state, images, rng)
+        def wrapped(state, batch, rng):
+            state, metrics = step_fn(state, batch, rng)
             counter["n"] += 1
             return state, after_step(counter["n"], metrics)
 

@@ -31,9 +31,14 @@ from typing import Any
 
 import numpy as np
 
+from ddim.workdir.layout import DATA_CACHE
+
 CACHE_VERSION = 1
 INDEX = "index.json"
-DEFAULT_CACHE_DIRNAME = "data_cache"
+DEFAULT_CACHE_DIRNAME = DATA_CACHE  # <workdir>/data_cache, named by ddim.workdir.layout
+
+# The label of an image without a class (a folder's top-level files, a dataset without labels).
+NO_LABEL = -1
 
 
 def digest(value: Any, length: int = 16) -> str:
@@ -168,8 +173,8 @@ class ImageRows:
 
     ``len()``, ``shape``, ``dtype``, integer/slice/index-array indexing (each
     copied into a fresh array) and ``np.asarray()`` (all rows) behave like an
-    ``(N, H, W, C)`` uint8 array. It is also the random-access data source of
-    the batch loader (:mod:`ddim.data.loader`).
+    ``(N, H, W, C)`` uint8 array. :meth:`batch` adds the labels: it is what the
+    batch loader (:mod:`ddim.data.loader`) reads.
 
     Rows are copied out of a read-only memory map of the file (one per process;
     threads share it). Pages a memory map touches count towards the process's
@@ -220,6 +225,17 @@ class ImageRows:
 
     def __repr__(self) -> str:
         return f"ImageRows({len(self)} images of {self.image_shape} from {self.path})"
+
+    def label_array(self) -> np.ndarray:
+        """The int32 label of every image: a class id, or :data:`NO_LABEL` (also when none were stored)."""
+        if self.labels is None:
+            return np.full(len(self.rows), NO_LABEL, np.int32)
+        return self.labels
+
+    def batch(self, indices) -> dict[str, np.ndarray]:
+        """Images ``indices`` as a batch: ``{"image": uint8 (k, H, W, C), "label": int32 (k,)}``."""
+        indices = np.asarray(indices)
+        return {"image": self.read(indices), "label": self.label_array()[indices]}
 
     def subset(self, indices) -> "ImageRows":
         """A view of some of these images (no pixels are read)."""

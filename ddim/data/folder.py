@@ -27,8 +27,9 @@ from typing import Callable
 
 import numpy as np
 
-from ddim.data import cache as cache_lib
+import ddim.data.cache as cache_lib
 from ddim.data.decode import IMAGE_EXTENSIONS, REASONS, read_image
+from ddim.data.errors import DataError
 from ddim.data.preprocess import PREPROCESS_VERSION
 from ddim.data.split import validation_score
 
@@ -92,8 +93,6 @@ def scan_folder(root: str | os.PathLike) -> Scan:
                 scan.unreadable.append((path, "broken link or not a regular file"))
 
     if not root.is_dir():
-        from ddim.data import DataError
-
         raise DataError(f"image folder not found: {root}" if not root.exists() else f"not a folder: {root}")
     walk(root, "")
     scan.files.sort()
@@ -217,61 +216,102 @@ def build_or_open(root: Path, settings: DecodeSettings, cache_root: Path, worker
     return directory, index, True
 
 
-def _build(directory, root, scan, settings, current, old_index, old_files, workers, log, reason, progress_factory):
-    started = time.perf_counter()
-    num = len(scan.files)
-    shape = (settings.image_size, settings.image_size, 3)
-    writer = cache_lib.EntryWriter(directory, num, shape)
-    reasons = np.full(num, "", dtype=object)
-    details = np.full(num, "", dtype=object)
-    widths = np.zeros(num, np.int32)
-    heights = np.zeros(num, np.int32)
+@dataclass
+class _RowResults:
+    """What a build learns about each row: why it was skipped ("" if usable), and the source size."""
+
+    reasons: np.ndarray
+    details: np.ndarray
+    widths: np.ndarray
+    heights: np.ndarray
+
+    @classmethod
+    def empty(cls, num: int) -> "_RowResults":
+        return cls(np.full(num, "", dtype=object), np.full(num, "", dtype=object), np.zeros(num, np.int32),
+                   np.zeros(num, np.int32))
+
+    def set(self, row: int, reason: str, detail: str, width: int, height: int) -> None:
+        self.reasons[row], self.details[row], self.widths[row], self.heights[row] = reason, detail, width, height
+
+
+def _plan(directory: Path, root: Path, scan: Scan, old_index: dict | None, old_files: dict, results: _RowResults):
+    """Split the rows into ``reuse`` (row, old row) of unchanged usable files and ``tasks`` (row, path) to
+    decode; unchanged bad files keep their reason in ``results`` without being read again."""
     reuse, tasks = [], []
     old_rows = cache_lib.load_rows(directory, old_index) if old_files else None
     old_skipped = {item["path"]: item for item in (old_index or {}).get("skipped", [])} if old_files else {}
     for row, (path, size, mtime) in enumerate(scan.files):
         old = old_files.get(path)
-        if old is not None and old[:2] == (size, mtime):
-            old_row = old[2]
-            widths[row], heights[row] = old_rows["width"][old_row], old_rows["height"][old_row]
-            if old_rows["usable"][old_row]:
-                reuse.append((row, old_row))
-            else:
-                previous = old_skipped.get(path, {"reason": "truncated", "detail": ""})
-                reasons[row], details[row] = previous["reason"], previous.get("detail", "")
-        else:
+        if old is None or old[:2] != (size, mtime):
             tasks.append((row, str(root / path)))
+            continue
+        old_row = old[2]
+        results.widths[row], results.heights[row] = old_rows["width"][old_row], old_rows["height"][old_row]
+        if old_rows["usable"][old_row]:
+            reuse.append((row, old_row))
+        else:
+            previous = old_skipped.get(path, {"reason": "truncated", "detail": ""})
+            results.reasons[row], results.details[row] = previous["reason"], previous.get("detail", "")
+    return reuse, tasks
+
+
+def _decode_with_progress(writer, tasks, settings, workers: int, results: _RowResults, progress_factory) -> None:
+    """Decode ``tasks`` into ``writer``'s file, recording each row in ``results``, with a progress bar."""
+    progress = progress_factory(len(tasks)) if progress_factory and tasks else None
+    done = 0
+
+    def on_done(count: int) -> None:
+        nonlocal done
+        done += count
+        if progress is not None:
+            progress.update(done, "")
+
+    try:
+        for row, why, detail, width, height in _decode_all(writer, tasks, settings, workers, on_done):
+            results.set(row, why, detail, width, height)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _labels(paths: list[str]) -> tuple[list[str], np.ndarray]:
+    """Class names (sorted first-level subfolders) and each path's class id (-1: directly in the folder)."""
+    class_names = sorted({name for name in map(class_of, paths) if name is not None})
+    class_index = {name: i for i, name in enumerate(class_names)}
+    return class_names, np.array([class_index.get(class_of(path), -1) for path in paths], np.int32)
+
+
+def _skipped(paths: list[str], results: _RowResults, scan: Scan) -> list[dict]:
+    skipped = [{"path": path, "reason": results.reasons[row], "detail": results.details[row]}
+               for row, path in enumerate(paths) if results.reasons[row]]
+    return skipped + [{"path": path, "reason": "unreadable", "detail": detail} for path, detail in scan.unreadable]
+
+
+def _build_stats(decoded: int, reused: int, seconds: float) -> dict:
+    return {"decoded": decoded, "reused": reused, "seconds": round(seconds, 3),
+            "images_per_second": round(decoded / seconds, 1) if seconds > 0 else None}
+
+
+def _build(directory, root, scan, settings, current, old_index, old_files, workers, log, reason, progress_factory):
+    """Write a new version of the entry: reuse unchanged rows, decode the rest, publish the index."""
+    started = time.perf_counter()
+    num = len(scan.files)
+    writer = cache_lib.EntryWriter(directory, num, (settings.image_size, settings.image_size, 3))
+    results = _RowResults.empty(num)
+    reuse, tasks = _plan(directory, root, scan, old_index, old_files, results)
     log(f"data cache: {reason}; decoding {len(tasks):,} of {num:,} images"
         + (f", reusing {len(reuse):,}" if reuse else "") + f" into {directory}")
     try:
         if reuse:
             _copy_rows(directory, old_index, writer, reuse)
-        progress = progress_factory(len(tasks)) if progress_factory and tasks else None
-        done = 0
-
-        def on_done(count: int) -> None:
-            nonlocal done
-            done += count
-            if progress is not None:
-                progress.update(done, "")
-
-        try:
-            for row, why, detail, width, height in _decode_all(writer, tasks, settings, workers, on_done):
-                reasons[row], details[row], widths[row], heights[row] = why, detail, width, height
-        finally:
-            if progress is not None:
-                progress.close()
+        _decode_with_progress(writer, tasks, settings, workers, results, progress_factory)
     except BaseException:
         writer.abandon()
         raise
-    usable = reasons == ""
+    usable = results.reasons == ""
     paths = [path for path, _, _ in scan.files]
-    class_names = sorted({name for name in map(class_of, paths) if name is not None})
-    class_index = {name: i for i, name in enumerate(class_names)}
-    labels = np.array([class_index.get(class_of(path), -1) for path in paths], np.int32)
-    skipped = [{"path": path, "reason": reasons[row], "detail": details[row]}
-               for row, path in enumerate(paths) if reasons[row]]
-    skipped += [{"path": path, "reason": "unreadable", "detail": detail} for path, detail in scan.unreadable]
+    class_names, labels = _labels(paths)
+    skipped = _skipped(paths, results, scan)
     seconds = time.perf_counter() - started
     index = writer.finish(
         {
@@ -282,16 +322,10 @@ def _build(directory, root, scan, settings, current, old_index, old_files, worke
             "skipped": skipped,
             "ignored": dict(sorted(scan.ignored.items())),
             "unlisted": len(scan.unreadable),
-            "build": {"decoded": len(tasks), "reused": len(reuse), "seconds": round(seconds, 3),
-                      "images_per_second": round(len(tasks) / seconds, 1) if seconds > 0 else None},
+            "build": _build_stats(len(tasks), len(reuse), seconds),
         },
-        {
-            "label": labels,
-            "width": widths,
-            "height": heights,
-            "usable": usable,
-            "score": np.array([validation_score(path) for path in paths], np.float64),
-        },
+        {"label": labels, "width": results.widths, "height": results.heights, "usable": usable,
+         "score": np.array([validation_score(path) for path in paths], np.float64)},
         files=[[path, size, mtime] for path, size, mtime in scan.files],
     )
     rate = f" ({len(tasks) / seconds:,.0f} images/s)" if tasks and seconds > 0 else ""

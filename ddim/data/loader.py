@@ -1,5 +1,8 @@
 """Batches for training and validation, read from the cache with Grain.
 
+A batch is a dict ``{"image": uint8 (B, H, W, C), "label": int32 (B,)}``; the
+label is a class id, or -1 for an image without a class.
+
 Data order is a pure function of ``(seed, epoch)``: epoch ``e`` is the training
 images repeated ``data.dataset_repetitions`` times under one global random
 permutation (numpy's PCG64 seeded by ``(seed, e)``; 4 bytes per image and
@@ -24,6 +27,8 @@ from typing import Iterator
 import numpy as np
 
 from ddim.config import Config
+from ddim.data.cache import NO_LABEL, ImageRows
+from ddim.data.errors import DataError
 
 # Threads reading batches ahead of the training step. One is enough: a batch is one copy out of
 # the memory-mapped cache (~0.3 ms for 64 images of 64x64), which holds the GIL, so more threads
@@ -33,8 +38,6 @@ READ_THREADS = 1
 
 def steps_per_epoch(config: Config, num_train_images: int) -> int:
     """Optimiser steps per epoch: repetitions x images, in whole batches."""
-    from ddim.data import DataError
-
     steps = (num_train_images * config.data.dataset_repetitions) // config.train.batch_size
     if steps < 1:
         raise DataError(
@@ -57,6 +60,14 @@ def epoch_order(num_images: int, config: Config, epoch: int) -> np.ndarray:
     return order.astype(np.int32) if num_images < 2**31 else order
 
 
+def read_batch(images, indices: np.ndarray) -> dict[str, np.ndarray]:
+    """The batch of images ``indices`` of an :class:`ImageRows` (with its labels) or of a plain
+    array of images (every label :data:`NO_LABEL`)."""
+    if isinstance(images, ImageRows):
+        return images.batch(indices)
+    return {"image": images[indices], "label": np.full(len(indices), NO_LABEL, np.int32)}
+
+
 def _iterate(dataset, prefetch: int):
     import grain
 
@@ -67,12 +78,12 @@ def _iterate(dataset, prefetch: int):
 
 
 def epoch_batches(images, config: Config, epoch: int, skip: int = 0, rows: slice = slice(None),
-                  prefetch: int | None = None) -> Iterator[np.ndarray]:
-    """The uint8 batches ``(rows of B, H, W, C)`` of one epoch, from batch ``skip`` on.
+                  prefetch: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """The batches (``rows`` of each) of one epoch, from batch ``skip`` on.
 
     A Grain ``MapDataset`` over the epoch's batch numbers (random access: starting at
-    ``skip`` is free) whose elements read their images from ``images`` (an
-    :class:`ddim.data.ImageRows` or an array); Grain's threads read ahead.
+    ``skip`` is free) whose elements read their images and labels from ``images`` (an
+    :class:`ImageRows` or an array, see :func:`read_batch`); Grain's threads read ahead.
     """
     import grain
 
@@ -80,34 +91,34 @@ def epoch_batches(images, config: Config, epoch: int, skip: int = 0, rows: slice
     order = epoch_order(len(images), config, epoch)
     batch = config.train.batch_size
 
-    def read(step: int) -> np.ndarray:
-        return images[order[step * batch : (step + 1) * batch][rows]]
+    def read(step: int) -> dict[str, np.ndarray]:
+        return read_batch(images, order[step * batch : (step + 1) * batch][rows])
 
     dataset = grain.MapDataset.range(skip, steps).map(read)
     return _iterate(dataset, config.data.prefetch if prefetch is None else prefetch)
 
 
 def train_batches(images, config: Config, start_step: int, steps_per_epoch: int,
-                  rows: slice = slice(None)) -> Iterator[np.ndarray]:
-    """Endless uint8 batches starting at global step ``start_step`` (this process's ``rows`` of each)."""
+                  rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
+    """Endless batches starting at global step ``start_step`` (this process's ``rows`` of each)."""
     epoch, skip = divmod(start_step, steps_per_epoch)
     while True:
         yield from epoch_batches(images, config, epoch, skip, rows)
         epoch, skip = epoch + 1, 0
 
 
-def first_batches(images, config: Config, count: int) -> Iterator[np.ndarray]:
+def first_batches(images, config: Config, count: int) -> Iterator[dict[str, np.ndarray]]:
     """The first ``count`` whole global batches of epoch 0 (every process reads all rows: same values)."""
     import itertools
 
     return itertools.islice(epoch_batches(images, config, 0, rows=slice(None), prefetch=0), count)
 
 
-def eval_batches(images, config: Config, rows: slice = slice(None)) -> Iterator[np.ndarray]:
-    """The validation images in fixed order and whole batches (a partial last batch is dropped)."""
+def eval_batches(images, config: Config, rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
+    """The validation batches in fixed order, whole (a partial last batch is dropped)."""
     batch = config.train.batch_size
     count = len(images) // batch
     if config.train.eval_batches:
         count = min(count, config.train.eval_batches)
     for i in range(count):
-        yield images[np.arange(i * batch, (i + 1) * batch)[rows]]
+        yield read_batch(images, np.arange(i * batch, (i + 1) * batch)[rows])

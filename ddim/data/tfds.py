@@ -1,7 +1,7 @@
 """A TFDS dataset as a data source: each split expression decoded once into the cache.
 
-TensorFlow is imported lazily (it is slow to import and only TFDS needs it) and
-never sees a GPU, so it cannot take accelerator memory from JAX. TensorFlow
+TensorFlow is imported lazily (:func:`ddim.runtime.tensorflow`: it is slow to import
+and only TFDS needs it) and never sees a GPU, so it cannot take accelerator memory from JAX. TensorFlow
 decodes the images (as TFDS always has); cropping and resizing is the shared
 :func:`ddim.data.preprocess.center_crop_resize`, which gives exactly the
 pixels of the former ``tf.image.resize`` pipeline. Labels (a ``label``
@@ -10,7 +10,6 @@ class feature) and their names are stored with the images.
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,26 +17,10 @@ from typing import Callable
 import numpy as np
 
 from ddim.config import Config
-from ddim.data import cache as cache_lib
+import ddim.data.cache as cache_lib
+from ddim.data.errors import DataError
 from ddim.data.preprocess import PREPROCESS_VERSION, center_crop_resize
-
-
-@functools.cache
-def tensorflow():
-    """Import TensorFlow for the input pipeline only, hiding every GPU from it."""
-    import tensorflow as tf
-
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:  # pragma: no cover - devices were already initialised
-        pass
-    return tf
-
-
-def _data_error(message: str):
-    from ddim.data import DataError
-
-    return DataError(message)
+from ddim.runtime import tensorflow
 
 
 def _unreadable(error, dataset: str, split: str) -> Exception:
@@ -48,7 +31,7 @@ def _unreadable(error, dataset: str, split: str) -> Exception:
     if what is None:  # not an OS error: a truncated or garbled record
         path = path_in_message(error)
         what = f"damaged data file: {path}" if path else f"damaged data file ({first_line(error)})"
-    return _data_error(
+    return DataError(
         f"cannot read split {split!r} of {dataset!r}: {what} (the prepared copy is incomplete: prepare it again)"
     )
 
@@ -67,7 +50,7 @@ def _load(config: Config, split: str):
         )
     except Exception as error:  # TFDS raises many types (download, not found, bad split).
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise _data_error(
+        raise DataError(
             f"cannot load TFDS dataset {config.data.dataset!r} split {split!r}: {message} "
             "(offline? point TFDS_DATA_DIR or data.data_dir to a prepared copy)"
         ) from None
@@ -78,10 +61,10 @@ def build_or_open(config: Config, split: str, cache_root: Path, log: Callable[[s
     """The cache entry of one TFDS split expression at ``model.image_size``, built on first use."""
     dataset, info = _load(config, split)
     if "image" not in info.features:
-        raise _data_error(f"TFDS dataset {config.data.dataset!r} has no 'image' feature")
+        raise DataError(f"TFDS dataset {config.data.dataset!r} has no 'image' feature")
     channels = info.features["image"].shape[-1]
     if channels != config.model.channels:
-        raise _data_error(
+        raise DataError(
             f"dataset {config.data.dataset!r} has {channels}-channel images but model.channels is "
             f"{config.model.channels}"
         )
@@ -105,35 +88,50 @@ def build_or_open(config: Config, split: str, cache_root: Path, log: Callable[[s
     return directory, index
 
 
-def _build(directory, dataset, info, split, key, fingerprint, count, size, channels, log, progress_factory):
+def _has_label(info) -> bool:
+    return "label" in info.features and hasattr(info.features["label"], "names")
+
+
+def _decoded(dataset, info):
+    """``(image, label)`` pairs as numpy, decoded by TensorFlow on all cores (label -1 without a label feature)."""
     tf = tensorflow()
-    started = time.perf_counter()
-    has_label = "label" in info.features and hasattr(info.features["label"], "names")
-    images = dataset.map(
+    has_label = _has_label(info)
+    return dataset.map(
         lambda example: (example["image"], example["label"] if has_label else tf.constant(-1, tf.int64)),
         num_parallel_calls=tf.data.AUTOTUNE,  # TensorFlow decodes on all cores; resizing happens here
         deterministic=True,
-    ).prefetch(64)
+    ).prefetch(64).as_numpy_iterator()
+
+
+def _write_rows(writer: cache_lib.EntryWriter, pairs, size: int, progress) -> dict[str, list[int]]:
+    """Preprocess every ``(image, label)`` into ``writer``'s file, 256 rows at a time; returns the
+    per-row ``label``, ``width`` and ``height`` lists."""
+    rows: dict[str, list[int]] = {"label": [], "width": [], "height": []}
+    block, first = [], 0
+    for image, label in pairs:
+        block.append(center_crop_resize(image, size))
+        rows["label"].append(int(label))
+        rows["height"].append(image.shape[0])
+        rows["width"].append(image.shape[1])
+        if len(block) == 256:
+            writer.write_rows(first, np.stack(block))
+            first, block = len(rows["label"]), []
+            if progress is not None:
+                progress.update(first, "")
+    if block:
+        writer.write_rows(first, np.stack(block))
+    return rows
+
+
+def _build(directory, dataset, info, split, key, fingerprint, count, size, channels, log, progress_factory):
+    """Decode and preprocess the split into a new version of the entry; publish its index."""
+    tf = tensorflow()
+    started = time.perf_counter()
     # The metadata's count sizes the file and the progress bar; the images themselves decide.
     writer = cache_lib.EntryWriter(directory, count or 0, (size, size, channels))
-    labels, widths, heights = [], [], []
     progress = progress_factory(count) if progress_factory and count else None
-    row = 0
     try:
-        block, first = [], 0
-        for image, label in images.as_numpy_iterator():
-            block.append(center_crop_resize(image, size))
-            labels.append(int(label))
-            heights.append(image.shape[0])
-            widths.append(image.shape[1])
-            row += 1
-            if len(block) == 256:
-                writer.write_rows(first, np.stack(block))
-                first, block = row, []
-                if progress is not None:
-                    progress.update(row, "")
-        if block:
-            writer.write_rows(first, np.stack(block))
+        rows = _write_rows(writer, _decoded(dataset, info), size, progress)
     except tf.errors.OpError as error:  # a data file deleted, truncated or unreadable since it was prepared
         writer.abandon()
         raise _unreadable(error, info.name, split) from None
@@ -143,24 +141,23 @@ def _build(directory, dataset, info, split, key, fingerprint, count, size, chann
     finally:
         if progress is not None:
             progress.close()
-    count = row
+    count = len(rows["label"])
     if count == 0:
         writer.abandon()
-        raise _data_error(f"split {split!r} of {info.name!r} has no images")
+        raise DataError(f"split {split!r} of {info.name!r} has no images")
     seconds = time.perf_counter() - started
     index = writer.finish(
         {
             "source": {"kind": "tfds", "dataset": info.name, "version": str(info.version), "split": split},
             "fingerprint": fingerprint,
             "settings": key,
-            "class_names": list(info.features["label"].names) if has_label else [],
+            "class_names": list(info.features["label"].names) if _has_label(info) else [],
             "skipped": [],
             "ignored": {},
             "build": {"decoded": count, "reused": 0, "seconds": round(seconds, 3),
                       "images_per_second": round(count / seconds, 1) if seconds > 0 else None},
         },
-        {"label": np.array(labels, np.int32), "width": np.array(widths, np.int32),
-         "height": np.array(heights, np.int32), "usable": np.ones(count, bool)},
+        {name: np.array(values, np.int32) for name, values in rows.items()} | {"usable": np.ones(count, bool)},
         num_rows=count,
     )
     log(f"data cache: {count:,} images in {seconds:.1f}s ({count / max(seconds, 1e-9):,.0f} images/s)")

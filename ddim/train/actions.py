@@ -35,6 +35,7 @@ from ddim.model import DiffusionModel
 from ddim.summary import Progress, Report, format_metrics
 from ddim.train import state as state_lib
 from ddim.train.state import TrainState
+from ddim.workdir.layout import BEST, Workdir
 
 
 class TrainingError(UserError, RuntimeError):
@@ -228,13 +229,13 @@ class SaveCheckpoint(PeriodicAction):
 class ValidationLoss(PeriodicAction):
     """Mean validation losses of the EMA model, with a fixed key per batch."""
 
-    def __init__(self, config: Config, batches: Callable[[], Iterable[jax.Array]], rng, mesh):
+    def __init__(self, config: Config, batches: Callable[[], Iterable[dict[str, jax.Array]]], rng, mesh):
         self.when = Every(epochs=config.train.eval_every, at_end=True)
         self.config, self.batches, self.rng, self.mesh = config, batches, rng, mesh
 
     def run(self, info: StepInfo) -> Report:
         started = time.perf_counter()
-        _, eval_fn = state_lib.compiled_steps(self.config.train.ema_decay, self.config.train.ema_warmup, self.mesh)
+        _, eval_fn = state_lib.compiled_steps(self.config, self.mesh)
         results = [
             eval_fn(info.state, batch, jax.random.fold_in(self.rng, i)) for i, batch in enumerate(self.batches())
         ]
@@ -273,7 +274,7 @@ class SampleGrid(PeriodicAction):
         grid = make_grid(images, rows=t.grid_rows, cols=t.grid_cols)
         if not self.is_writer:  # it took part in the computation; process 0 writes
             return Report()
-        grid_dir = self.workdir / "samples"
+        grid_dir = Workdir(self.workdir).samples
         grid_dir.mkdir(exist_ok=True)
         path = save_png(grid, grid_dir / f"step_{info.step:07d}.png")
         return Report(images={"samples": grid}, message=f"grid {path} ({time.perf_counter() - started:.1f}s)")
@@ -289,14 +290,14 @@ class KidMonitor(PeriodicAction):
     compares against it.
     """
 
-    BEST_DIR = "best"
+    BEST_DIR = BEST
 
     def __init__(self, config: Config, workdir: Path, model: DiffusionModel, extractor, real_features: np.ndarray):
         self.when = Every(epochs=config.train.eval_every, at_end=True)
         self.config, self.model, self.extractor, self.real = config, model, extractor, real_features
         self.best_checkpoints = None
         if config.train.keep_best:
-            self.best_checkpoints = Checkpointer(workdir / self.BEST_DIR, keep=1, best_metric="kid")
+            self.best_checkpoints = Checkpointer(Workdir(workdir).best, keep=1, best_metric="kid")
         self.best = self._best_so_far(workdir)
 
     def _best_so_far(self, workdir: Path) -> float:
@@ -306,7 +307,7 @@ class KidMonitor(PeriodicAction):
             if metrics and "kid" in metrics:
                 return float(metrics["kid"])
         # Work directories written before orbax kept the metric: best/best.json.
-        legacy = workdir / self.BEST_DIR / "best.json"
+        legacy = Workdir(workdir).best / "best.json"
         if legacy.is_file():
             import json
 
@@ -327,7 +328,7 @@ class KidMonitor(PeriodicAction):
                 extractor = extractor_factory(evaluation.KID_IMAGE_SIZE)
             else:
                 extractor = evaluation.kid_feature_extractor(t.inception_weights or None, batch_size=t.batch_size)
-            cache_dir = workdir / evaluation.CACHE_DIR
+            cache_dir = Workdir(workdir).eval_cache
             cache_dir.mkdir(parents=True, exist_ok=True)
             (real,) = evaluation.real_features(config, "val", None, [extractor], cache_dir, images=val_images,
                                                data_cache=data_lib.cache_root(config, workdir))

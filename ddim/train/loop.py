@@ -21,7 +21,7 @@ import jax
 
 from ddim import data as data_lib
 from ddim import parallel
-from ddim.checkpoint import Checkpointer, checkpoint_dir, model_config_mismatch
+from ddim.checkpoint import Checkpointer, model_config_mismatch
 from ddim.config import Config
 from ddim.errors import UserError, environment_error
 from ddim.model import DiffusionModel
@@ -30,7 +30,7 @@ from ddim.train import state as state_lib
 from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, TrainingError, default_actions
 from ddim.train.state import TrainState
 from ddim.train.stop import StopRequest
-from ddim.workdir import WorkdirLock, lock_for_training
+from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 
 # Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
 # already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
@@ -44,7 +44,7 @@ def _say_stderr(message: str) -> None:
 def _summary_writer(workdir: Path, say) -> SummaryWriter | None:
     """TensorBoard's writer, or None with a warning when TensorFlow (which writes the events) is missing."""
     try:
-        return SummaryWriter(workdir / "tensorboard")
+        return SummaryWriter(Workdir(workdir).tensorboard)
     except ImportError as error:
         say(f"warning: no TensorBoard summaries ({error}); install tensorflow-cpu for them")
         return None
@@ -76,7 +76,7 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
     actions, state, info, stopped, action_seconds = [], run.state, None, False, 0.0
     try:
         actions = default_actions(run, kid_extractor_factory)
-        step_fn, _ = state_lib.compiled_steps(config.train.ema_decay, config.train.ema_warmup, run.mesh)
+        step_fn, _ = state_lib.compiled_steps(config, run.mesh)
         batches = run.train_batches()
         started = time.perf_counter()
         with StopRequest(run.mesh) as stop:
@@ -160,8 +160,8 @@ class TrainingRun:
         mesh = parallel.data_mesh()
         parallel.check_batch_size(t.batch_size, mesh)
         init_rng, train_rng, eval_rng, grid_rng = jax.random.split(jax.random.key(t.seed), 4)
-        state = state_lib.create_train_state(config, init_rng, mesh)
-        checkpointer = Checkpointer(checkpoint_dir(workdir), keep=t.keep_checkpoints)
+        state = state_lib.create_train_state(config, init_rng, mesh, total_steps)
+        checkpointer = Checkpointer(Workdir(workdir).checkpoints, keep=t.keep_checkpoints)
         try:  # the newest intact checkpoint; damaged newer ones are set aside with a warning
             resumed = checkpointer.restore(lambda step: _resume(checkpointer, step, config, state), warn=log)
         except BaseException:
@@ -200,15 +200,16 @@ class TrainingRun:
             grid_rng, is_writer, data=data,
         )
 
-    def train_batches(self) -> Iterator[jax.Array]:
-        """Global training batches from ``start_step`` on, each process feeding its own rows."""
+    def train_batches(self) -> Iterator[dict[str, jax.Array]]:
+        """Global training batches (``{"image", "label"}``) from ``start_step`` on, each process feeding its
+        own rows."""
         rows = parallel.process_slice(self.config.train.batch_size)
         for batch in data_lib.train_batches(self.train_images, self.config, self.start_step, self.steps_per_epoch,
                                             rows):
             yield parallel.global_batch(batch, self.mesh)
 
-    def val_batches(self) -> Iterator[jax.Array]:
-        """The validation images as global batches, in fixed order."""
+    def val_batches(self) -> Iterator[dict[str, jax.Array]]:
+        """The validation split as global batches (``{"image", "label"}``), in fixed order."""
         rows = parallel.process_slice(self.config.train.batch_size)
         for batch in data_lib.eval_batches(self.val_images, self.config, rows):
             yield parallel.global_batch(batch, self.mesh)

@@ -131,26 +131,26 @@ def to_float(images):
     return images.astype(jnp.float32) / 255.0
 
 
-def train_step(state: TrainState, images, rng, ema_decay: float, ema_warmup: bool,
+def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool,
                objective: Objective = Objective()):
     """One optimiser step on ``objective``'s loss, then the EMA update.
 
-    ``images`` are uint8 ``(B, H, W, C)``; ``rng`` is the run's base key, folded
-    with the step so every step has its own noise (and dropout) whatever
-    process runs it. Returns the new state and the metrics: ``noise_loss`` and
-    ``image_loss`` (the MAE of the predicted noise and clean image, alike for
-    every objective) and, when the objective is not the Keras example's noise
-    MAE, the optimised ``loss``.
+    ``batch`` is ``{"image": uint8 (B, H, W, C), "label": int32 (B,)}``; ``rng``
+    is the run's base key, folded with the step so every step has its own
+    noise (and dropout) whatever process runs it. Returns the new state and
+    the metrics: ``noise_loss`` and ``image_loss`` (the MAE of the predicted
+    noise and clean image, alike for every objective) and, when the objective
+    is not the Keras example's noise MAE, the optimised ``loss``.
     """
     rng = jax.random.fold_in(rng, state.step)
-    images = to_float(images)
+    images = to_float(batch["image"])
 
     def loss_fn(params):
-        (batch, outputs), updates = state.apply_fn(
+        (noisy, outputs), updates = state.apply_fn(
             {"params": params, "batch_stats": state.batch_stats}, images, rng, train=True, mutable=["batch_stats"],
             rngs={"dropout": jax.random.fold_in(rng, 1)},
         )
-        return objective.loss_value(batch, outputs), (objective.metrics(batch, outputs), updates)
+        return objective.loss_value(noisy, outputs), (objective.metrics(noisy, outputs), updates)
 
     (loss, (metrics, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     new_state = state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
@@ -160,27 +160,29 @@ def train_step(state: TrainState, images, rng, ema_decay: float, ema_warmup: boo
     return new_state, metrics
 
 
-def eval_step(state: TrainState, images, rng, objective: Objective = Objective()):
-    """Validation losses of the EMA model (BatchNorm in inference mode) on uint8 ``images``."""
-    batch, outputs = state.apply_fn(ema_variables(state), to_float(images), rng, train=False)
-    metrics = objective.metrics(batch, outputs)
+def eval_step(state: TrainState, batch, rng, objective: Objective = Objective()):
+    """Validation losses of the EMA model (BatchNorm in inference mode) on a batch's uint8 images."""
+    noisy, outputs = state.apply_fn(ema_variables(state), to_float(batch["image"]), rng, train=False)
+    metrics = objective.metrics(noisy, outputs)
     if not objective.is_reference:
-        metrics["loss"] = objective.loss_value(batch, outputs)
+        metrics["loss"] = objective.loss_value(noisy, outputs)
     return metrics
 
 
-def compiled_steps(ema_decay: float, ema_warmup: bool, mesh=None, objective: Objective = Objective()):
-    """Jitted train and eval steps over ``mesh`` (default: all devices).
+def compiled_steps(config: Config, mesh=None):
+    """Jitted train and eval steps of ``config``'s run over ``mesh`` (default: all devices).
 
-    Inputs arrive replicated (state, key) and batch-sharded (images); outputs
-    are pinned replicated, so XLA all-reduces gradients and BatchNorm
+    The EMA settings and the :class:`~ddim.objective.Objective` come from the
+    config. Inputs arrive replicated (state, key) and batch-sharded (the batch);
+    outputs are pinned replicated, so XLA all-reduces gradients and BatchNorm
     statistics across devices. The train step donates the old state.
     """
-    return _compiled_steps(ema_decay, ema_warmup, mesh or parallel.data_mesh(), objective)
+    t = config.train
+    return _compiled_steps(t.ema_decay, t.ema_warmup, Objective.of(config.model, config), mesh or parallel.data_mesh())
 
 
 @functools.cache
-def _compiled_steps(ema_decay: float, ema_warmup: bool, mesh, objective: Objective):
+def _compiled_steps(ema_decay: float, ema_warmup: bool, objective: Objective, mesh):
     replicated = parallel.replicated(mesh)
     step = jax.jit(
         functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup, objective=objective),
@@ -202,10 +204,11 @@ def set_normalizer_stats(state: TrainState, mean, var) -> TrainState:
 
 
 def image_statistics(batches) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and variance of uint8 image batches, as floats in [0, 1] units."""
+    """Per-channel mean and variance of the uint8 images of batches, as floats in [0, 1] units."""
     total, total_sq, count = 0.0, 0.0, 0
     for batch in batches:
-        pixels = batch.reshape(-1, batch.shape[-1]).astype(np.float64) / 255.0
+        images = batch["image"]
+        pixels = images.reshape(-1, images.shape[-1]).astype(np.float64) / 255.0
         total = total + pixels.sum(0)
         total_sq = total_sq + (pixels**2).sum(0)
         count += pixels.shape[0]
