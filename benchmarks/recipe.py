@@ -62,9 +62,13 @@ VARIANTS: dict[str, list[str]] = {
 SAMPLERS = (("ddim", "uniform"), ("dpmpp-2m", "logsnr"))
 
 
+LENGTH = 4000
+"""The length of every variant's learning-rate schedule, whatever step it is trained to (--until)."""
+
+
 def overrides(variant: str, max_steps: int, checkpoint_every: int) -> list[str]:
     return [*BASE, *VARIANTS[variant], f"train.max_steps={max_steps}", f"train.checkpoint_every={checkpoint_every}",
-            f"name={json.dumps(variant)}"]
+            f"train.lr_decay_steps={LENGTH}", f"name={json.dumps(variant)}"]
 
 
 def train(root: Path, variant: str, steps: list[int]) -> None:

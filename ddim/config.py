@@ -126,6 +126,9 @@ class TrainConfig:
     last step, train.max_steps or num_epochs' steps; optax.warmup_cosine_decay_schedule)."""
     warmup_steps: int = 0
     """Steps of linear learning-rate warm-up from 0 (0: none)."""
+    lr_decay_steps: int = 0
+    """Steps over which "cosine" decays to 0; 0: the run's length. Set it to train in several runs of growing
+    train.max_steps on one schedule (the ablation's checkpoints at 1,000 steps are those of its 4,000-step runs)."""
     grad_clip: float = 0.0
     """Clip the gradient's global norm to this (optax.clip_by_global_norm); 0: no clipping."""
     loss: str = "mae"
@@ -409,7 +412,8 @@ def _validate_recipe(config: Config) -> None:
                               f"of the {side}x{side} level")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
-    for key, value in {"train.warmup_steps": t.warmup_steps, "train.grad_clip": t.grad_clip}.items():
+    for key, value in {"train.warmup_steps": t.warmup_steps, "train.lr_decay_steps": t.lr_decay_steps,
+                       "train.grad_clip": t.grad_clip}.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     for key, value in {"train.snr_gamma": t.snr_gamma, "train.p2_k": t.p2_k, "train.p2_gamma": t.p2_gamma}.items():

@@ -33,7 +33,7 @@ def _train(config):
     t = config.train
     state = state_lib.create_train_state(config, jax.random.key(0))
     images = _smooth_images(4 * t.batch_size, config.model.image_size)
-    mean, var = state_lib.image_statistics([images])
+    mean, var = state_lib.image_statistics([{"image": images}])
     # On one device, as the jitted step's outputs will be: no second compilation at step 2.
     state = jax.device_put(state_lib.set_normalizer_stats(state, mean, var), jax.devices()[0])
     # A fresh jit (not train.compiled_steps' cached one), so it traces whatever ops are current.
@@ -41,7 +41,8 @@ def _train(config):
     losses = []
     for i in range(STEPS):
         batch = images[(i % 4) * t.batch_size : (i % 4 + 1) * t.batch_size]
-        state, metrics = step(state, jnp.asarray(batch), jax.random.fold_in(jax.random.key(1), i))
+        batch = {"image": jnp.asarray(batch), "label": jnp.full((len(batch),), -1, jnp.int32)}
+        state, metrics = step(state, batch, jax.random.fold_in(jax.random.key(1), i))
         losses.append(float(metrics["noise_loss"]))
     return np.asarray(losses), state
 

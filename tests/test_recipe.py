@@ -100,6 +100,9 @@ def test_learning_rate_schedules():
     cosine = tiny_config('train.lr_schedule="cosine"', "train.warmup_steps=10", "train.learning_rate=0.01")
     schedule = state_lib.learning_rate(cosine, total_steps=110)
     np.testing.assert_allclose([schedule(10), schedule(60), schedule(110)], [0.01, 0.005, 0.0], atol=1e-7)
+    fixed = tiny_config('train.lr_schedule="cosine"', "train.warmup_steps=10", "train.lr_decay_steps=110",
+                        "train.learning_rate=0.01")
+    np.testing.assert_allclose(state_lib.learning_rate(fixed, total_steps=20)(60), 0.005, rtol=1e-6)
     assert state_lib.learning_rate(tiny_config()) == tiny_config().train.learning_rate  # a float, as before
     with pytest.raises(ConfigError, match="max_steps"):
         state_lib.learning_rate(tiny_config('train.lr_schedule="cosine"', "train.max_steps=0"))

@@ -47,8 +47,8 @@ def learning_rate(config: Config, total_steps: int | None = None):
     """The learning rate: a float (constant, the Keras example) or an optax schedule of the step.
 
     ``warmup_steps`` ramps linearly from 0 to ``learning_rate``; ``cosine`` then
-    decays it to 0 at ``total_steps`` (default ``train.max_steps``), as
-    ``optax.warmup_cosine_decay_schedule``. The constant rate without warm-up
+    decays it to 0 at ``train.lr_decay_steps``, else at ``total_steps`` (the
+    run's length), else at ``train.max_steps``, as ``optax.warmup_cosine_decay_schedule``. The constant rate without warm-up
     stays a float so that the optimiser state (and old checkpoints) keep their
     structure.
     """
@@ -57,7 +57,7 @@ def learning_rate(config: Config, total_steps: int | None = None):
         if not t.warmup_steps:
             return t.learning_rate
         return optax.linear_schedule(0.0, t.learning_rate, t.warmup_steps)
-    total_steps = total_steps or t.max_steps
+    total_steps = t.lr_decay_steps or total_steps or t.max_steps
     if not total_steps:
         raise ConfigError("train.lr_schedule = 'cosine' needs the run's length: set train.max_steps")
     return optax.warmup_cosine_decay_schedule(
