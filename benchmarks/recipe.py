@@ -71,15 +71,15 @@ def overrides(variant: str, max_steps: int, checkpoint_every: int) -> list[str]:
             f"train.lr_decay_steps={LENGTH}", f"name={json.dumps(variant)}"]
 
 
-def train(root: Path, variant: str, steps: list[int]) -> None:
-    """Train (or resume) ``variant`` to the largest of ``steps`` with the ``ddim`` command."""
+def train(root: Path, variant: str, steps: list[int], until: int) -> None:
+    """Train (or resume) ``variant`` to step ``until`` with the ``ddim`` command, a checkpoint at every one of ``steps``."""
     every = min(steps) if all(s % min(steps) == 0 for s in steps) else 1000
     command = [sys.executable, "-m", "ddim.cli", "train", "--config", str(REPO / "configs" / "flowers64.toml"),
                "--workdir", str(root / variant)]
     # One preprocessed-image cache for every variant.
-    for override in [*overrides(variant, max(steps), every), f"data.cache_dir={json.dumps(str(root / 'data_cache'))}"]:
+    for override in [*overrides(variant, until, every), f"data.cache_dir={json.dumps(str(root / 'data_cache'))}"]:
         command += ["--set", override]
-    log(f"{variant}: training to step {max(steps)}")
+    log(f"{variant}: training to step {until}")
     subprocess.run(command, check=True)
 
 
@@ -151,6 +151,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True, help="Work directories and results (outside the repo).")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="Comma-separated names of VARIANTS.")
     parser.add_argument("--steps", type=int, nargs="+", default=[1000, 4000], help="Checkpoints to score.")
+    parser.add_argument("--until", type=int, default=None,
+                        help="Train only to this step for now (default: the last of --steps); the learning-rate "
+                             f"schedule stays the {LENGTH}-step one, so later runs continue it.")
     parser.add_argument("--num", type=int, default=1000, help="Samples per FID.")
     parser.add_argument("--time-only", action="store_true", help="Only measure seconds per step (quiet machine).")
     args = parser.parse_args()
@@ -167,10 +170,11 @@ def main() -> None:
             log(f"{variant}: {timing[variant]}")
             timing_path.write_text(json.dumps(timing, indent=1))
     else:
+        until = args.until or max(args.steps)
         for variant in variants:
-            train(args.root, variant, args.steps)
+            train(args.root, variant, args.steps, until)
             finished = done(args.root)
-            for step in args.steps:
+            for step in [s for s in args.steps if s <= until]:
                 for sampler, spacing in SAMPLERS:
                     if (variant, step, sampler, spacing) in finished:
                         continue

@@ -43,7 +43,7 @@ def eval_command(
     seed: int = typer.Option(0, "--seed", help="Random seed of the generated images and of the KID subsets."),
     batch_size: int = batch_size_option("Images generated (and featurised) at once; bounds memory."),
     real_num: Optional[int] = typer.Option(None, "--real-num", help="Use at most this many real images (a fixed random subset; default: the whole split)."),
-    split: str = typer.Option("val", "--split", help="Real images: 'val' (data.val_split, default) or 'train' (data.train_split)."),
+    split: str = typer.Option("val", "--split", help="Real images: 'val' (data.val_split, default), 'train' (data.train_split) or 'all' (both)."),
     fid_net: str = typer.Option(
         "standard", "--fid-net",
         help="FID network: 'standard' (the 2015-12-05 TF Inception of the FID literature, pool3, in JAX) or "

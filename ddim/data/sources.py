@@ -200,7 +200,9 @@ def load_split(config: Config, split: str, cache_dir: str | os.PathLike | None =
                log: Callable[[str], None] | None = None, show_progress: bool = False) -> ImageRows:
     """The preprocessed images of one split, ``"train"`` or ``"val"``, as an array-like :class:`ImageRows`.
 
-    For TFDS, ``split`` may also be a split expression (``"train[:10%]"``).
+    ``"all"`` is both, as one uint8 array (every real image: what FID is
+    measured against). For TFDS, ``split`` may also be a split expression
+    (``"train[:10%]"``).
     ``cache_dir``: the cache directory (default: ``data.cache_dir`` or
     ``~/.cache/ddim/data``; training uses ``<workdir>/data_cache``).
     """
@@ -208,6 +210,9 @@ def load_split(config: Config, split: str, cache_dir: str | os.PathLike | None =
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir=str(cache_dir)))
     root = cache_root(config)
     log = log or (lambda message: None)
+    if split == "all":
+        data = load(config, None, ("train", "val"), log, show_progress, check=True)
+        return np.concatenate([np.asarray(part) for part in (data.train, data.val) if part is not None])
     if split not in ("train", "val"):
         if config.data.image_dir:
             raise DataError(f"unknown split {split!r} of an image folder (choose train or val)")

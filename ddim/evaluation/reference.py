@@ -24,19 +24,22 @@ from ddim.config import Config
 from ddim.evaluation.features import EvaluationError, FeatureExtractor, extract_with_progress
 from ddim.workdir.layout import EVAL_CACHE
 
-SPLITS = ("val", "train")
+SPLITS = ("val", "train", "all")
+"""Real images to compare with: the validation split, the training split, or all of them (both)."""
 CACHE_DIR = EVAL_CACHE
 """The folder of cached real features in a work directory (:attr:`ddim.workdir.layout.Workdir.eval_cache`)."""
 _CACHE_VERSION = 1  # bump when the preprocessing or the cache layout changes
 
 
 def split_expression(config: Config, split: str) -> str:
-    """What ``split`` ("val" or "train") is in ``config``: a TFDS split expression, or a folder's hash split."""
+    """What ``split`` ("val", "train" or "all") is in ``config``: a TFDS split expression, or a folder's hash split."""
     if split not in SPLITS:
         raise EvaluationError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
     if config.data.image_dir:
-        share = config.data.val_fraction if split == "val" else 1 - config.data.val_fraction
+        share = {"val": config.data.val_fraction, "train": 1 - config.data.val_fraction, "all": 1.0}[split]
         return f"{share:.0%} of {config.data.image_dir} by path hash"
+    if split == "all":
+        return f"{split_expression(config, 'train')}+{split_expression(config, 'val')}"
     expression = config.data.val_split if split == "val" else config.data.train_split
     if not expression:
         raise EvaluationError(f"the checkpoint's config has no data.{split}_split; use --split train")
