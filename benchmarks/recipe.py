@@ -95,8 +95,9 @@ def score(root: Path, variant: str, step: int, sampler: str, spacing: str, num: 
     """FID (and KID) of ``num`` samples of the checkpoint at ``step`` against all Flowers images."""
     from ddim.evaluation import EvalRequest, evaluate
     from ddim.spec import SamplingSpec
+    from ddim.workdir import Workdir
 
-    request = EvalRequest(root / variant / "checkpoints" / str(step), num=num, split="all", workdir=root,
+    request = EvalRequest(Workdir(root / variant).checkpoints / str(step), num=num, split="all", workdir=root,
                           spec=SamplingSpec(steps=20, sampler=sampler, spacing=spacing), kid_subset_size=num)
     record = evaluate(request, log=log, show_progress=False)
     return {"variant": variant, "step": step, "sampler": sampler, "spacing": spacing, "fid": record["fid"],

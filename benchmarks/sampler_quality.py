@@ -44,16 +44,15 @@ class FixedNoiseSampler:
     def __init__(self, pipe, batch_size: int):
         import jax
 
-        from ddim.model import DiffusionModel
+        from ddim.sampling import process
+        from ddim.spec import SamplingSpec
 
         self.pipe, self.batch_size = pipe, batch_size
         model = pipe.model
 
         def generate(variables, noise, steps, sampler, spacing):
-            return model.apply(
-                variables, jax.random.key(0), noise.shape[0], steps, 0.0, initial_noise=noise,
-                sampler=sampler, spacing=spacing, method=DiffusionModel.generate,
-            )
+            spec = SamplingSpec(steps=steps, sampler=sampler, spacing=spacing)
+            return process.generate(model, variables, jax.random.key(0), noise.shape[0], spec, latents=noise)
 
         self._jitted = jax.jit(generate, static_argnames=("steps", "sampler", "spacing"))
 

@@ -31,7 +31,7 @@ target's error is ``w(SNR) / SNR`` or ``w(SNR) / (SNR + 1)``:
 - ``min-snr``: ``w = min(SNR, gamma)`` (Hang et al. 2023, "Efficient diffusion
   training via Min-SNR weighting", eq. 7-9; diffusers' ``snr_gamma``). Over this
   schedule with ``gamma = 5`` it leaves noise prediction untouched below SNR 5
-  (t above about 0.12) and halves the weight of the cleanest levels; for
+  (t above about 0.08) and halves the weight of the cleanest levels; for
   velocity it scales the noisiest levels down by ``SNR / (SNR + 1)``, to 0.0004.
 - ``p2``: the noise loss weighted by ``1 / (k + SNR)^gamma`` (Choi et al. 2022,
   "Perception prioritized training", eq. 8), i.e. ``w = SNR / (k + SNR)^gamma``:

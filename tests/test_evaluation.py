@@ -329,7 +329,7 @@ def test_an_eval_request_is_checked_when_made():
     for fields, message in [
         ({"num": 1}, "number of generated images must be >= 2"),
         ({"fid_net": "clip"}, "unknown fid_net 'clip' (choose from standard, keras)"),
-        ({"split": "test"}, "unknown split 'test' (choose from val, train)"),
+        ({"split": "test"}, "unknown split 'test' (choose from val, train, all)"),
         ({"real_num": 1}, "number of real images must be >= 2"),
         ({"batch_size": 0}, "batch size must be >= 1"),
         ({"kid_subset_size": 1}, "KID needs >= 1 subset of >= 2 images"),
