@@ -157,6 +157,7 @@ def main() -> None:
                              f"schedule stays the {LENGTH}-step one, so later runs continue it.")
     parser.add_argument("--num", type=int, default=1000, help="Samples per FID.")
     parser.add_argument("--time-only", action="store_true", help="Only measure seconds per step (quiet machine).")
+    parser.add_argument("--score-only", action="store_true", help="Only score the checkpoints there are (no training).")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -173,7 +174,8 @@ def main() -> None:
     else:
         until = args.until or max(args.steps)
         for variant in variants:
-            train(args.root, variant, args.steps, until)
+            if not args.score_only:
+                train(args.root, variant, args.steps, until)
             finished = done(args.root)
             for step in [s for s in args.steps if s <= until]:
                 for sampler, spacing in SAMPLERS:

@@ -16,11 +16,16 @@ from ddim.spec import SamplingSpec
 from ddim.train import state as state_lib
 from tests.conftest import run_once, tiny_config
 
+# Every option, in two tiny runs (one compile each: the suite's time is CI's budget): the first has every
+# option that changes the network or the objective, the second the remaining values of each.
 EVERY_OPTION = (
     'model.prediction="velocity"', "model.attention_resolutions=[8]", "model.attention_heads=2",
     'model.embedding_injection="every-block"', "model.dropout=0.1", 'train.loss="mse"',
     'train.loss_weighting="min-snr"', 'train.lr_schedule="cosine"', "train.warmup_steps=2", "train.grad_clip=1.0",
     "train.max_steps=8",
+)
+OTHER_VALUES = (
+    'train.loss_weighting="p2"', "model.attention_resolutions=[8, 16]", "model.dropout=0.2", "train.warmup_steps=3",
 )
 
 
@@ -128,24 +133,14 @@ def test_bad_recipe_options_are_one_line_errors(override, message):
 # --- each option on a tiny model ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override", [
-    'model.prediction="velocity"', "model.attention_resolutions=[8, 16]", 'model.embedding_injection="every-block"',
-    "model.dropout=0.2", 'train.loss="mse"', 'train.loss_weighting="min-snr"', 'train.loss_weighting="p2"',
-    "train.warmup_steps=3", "train.grad_clip=0.5",
-])
-def test_each_option_trains_with_finite_losses(override):
-    _, metrics = _steps(tiny_config(override), count=2)
-    for m in metrics:
-        assert all(np.isfinite(v) for v in m.values())
-        assert ("loss" in m) == (override.split("=")[0] in ("model.prediction", "train.loss", "train.loss_weighting"))
-
-
-def test_all_options_together_train_sample_and_round_trip_through_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("options", [EVERY_OPTION, OTHER_VALUES], ids=["every-option", "other-values"])
+def test_options_train_sample_and_round_trip_through_a_checkpoint(options, tmp_path):
     from ddim.checkpoint import Checkpointer, load_ema
 
-    config = tiny_config(*EVERY_OPTION)
-    state, metrics = _steps(config, count=3)
+    config = tiny_config(*options)
+    state, metrics = _steps(config, count=2)
     assert all(np.isfinite(v) for m in metrics for v in m.values())
+    assert all("loss" in m for m in metrics)  # the optimised loss is reported when it is not the noise MAE
     checkpointer = Checkpointer(tmp_path / "checkpoints", keep=1)
     checkpointer.save(3, state_lib.state_to_dict(state), config)
     checkpointer.wait()
@@ -153,9 +148,8 @@ def test_all_options_together_train_sample_and_round_trip_through_a_checkpoint(t
     loaded = load_ema(tmp_path)
     assert loaded.config == config
     model = DiffusionModel(loaded.config.model)
-    for spec in (SamplingSpec(steps=3), SamplingSpec(steps=3, sampler="dpmpp-2m", spacing="logsnr")):
-        images = process.generate(model, loaded.variables, jax.random.key(0), 2, spec)
-        assert images.shape == (2, 16, 16, 3) and bool(jnp.isfinite(images).all())
+    images = process.generate(model, loaded.variables, jax.random.key(0), 2, SamplingSpec(steps=2))
+    assert images.shape == (2, 16, 16, 3) and bool(jnp.isfinite(images).all())
 
 
 def test_attention_and_every_block_start_as_the_plain_network():
