@@ -69,6 +69,15 @@ class ModelConfig:
     embedding_injection: str = "input"
     """How the noise embedding reaches the network: "input" (concatenated to the input, the Keras example) or
     "every-block" (also a per-block scale and shift of the normalised features, ADM's AdaGN)."""
+    class_conditional: bool = False
+    """Condition the network on each image's class, for class-conditional sampling with classifier-free guidance
+    (Ho & Salimans 2022): the classes come from the data (TFDS labels, or an image folder's subfolders)."""
+    num_classes: int = 0
+    """Classes of the training data; set from the data when training starts (0: unconditional)."""
+    class_names: tuple[str, ...] = ()
+    """The classes' names, set from the data (TFDS label names, or subfolder names)."""
+    class_counts: tuple[int, ...] = ()
+    """Training images per class, set from the data: classes are drawn with these frequencies when none is asked."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,9 @@ class TrainConfig:
     train.max_steps on one schedule (the ablation's checkpoints at 1,000 steps are those of its 4,000-step runs)."""
     grad_clip: float = 0.0
     """Clip the gradient's global norm to this (optax.clip_by_global_norm); 0: no clipping."""
+    label_dropout: float = 0.1
+    """Class-conditional models: the fraction of training images whose class is replaced by the null class, so
+    the one network also learns the unconditional prediction that guidance needs (Ho & Salimans use 0.1-0.2)."""
     loss: str = "mae"
     """Error of the prediction target: "mae" (the Keras example) or "mse" (DDPM's L_simple)."""
     loss_weighting: str = "none"
@@ -395,7 +407,7 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def _validate_recipe(config: Config) -> None:
-    """The prediction target, loss, schedule and network options (see the fields' docs)."""
+    """The prediction target, loss, schedule, classes and network options (see the fields' docs)."""
     m, t = config.model, config.train
     _choice("model.prediction", m.prediction, ("noise", "velocity"))
     _choice("model.embedding_injection", m.embedding_injection, ("input", "every-block"))
@@ -410,6 +422,10 @@ def _validate_recipe(config: Config) -> None:
         if m.attention_heads < 1 or sides[side] % m.attention_heads:
             raise ConfigError(f"model.attention_heads ({m.attention_heads}) must divide the width {sides[side]} "
                               f"of the {side}x{side} level")
+    if m.num_classes < 0 or len(m.class_names) not in (0, m.num_classes) or len(m.class_counts) not in (0, m.num_classes):
+        raise ConfigError("model.class_names and model.class_counts must have model.num_classes entries")
+    if not 0.0 <= t.label_dropout <= 1.0:
+        raise ConfigError(f"train.label_dropout must be in [0, 1], got {t.label_dropout}")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
     for key, value in {"train.warmup_steps": t.warmup_steps, "train.lr_decay_steps": t.lr_decay_steps,

@@ -65,10 +65,32 @@ class DiffusionModel(nn.Module):
     def denoise(self, noisy_images, noise_rates, signal_rates, train: bool = False, cond=None):
         """Predict ``(noises, images)`` from noisy images at known rates (DDIM eq. 12's x_0 estimate).
 
-        ``cond`` is the conditioning pytree the verbs carry (unused by an unconditional network).
+        ``cond`` is the conditioning pytree the verbs carry: ``"label"`` (class
+        ids, ``(B,)``) for a class-conditional network, and ``"guidance"``
+        (``(B,)`` scales) for classifier-free guidance, :func:`guided_outputs`.
         """
-        outputs = self.network(noisy_images, noise_rates**2, train, cond)
+        if cond is not None and "guidance" in cond:
+            outputs = self.guided_outputs(noisy_images, noise_rates, cond)
+        else:
+            outputs = self.network(noisy_images, noise_rates**2, train, cond)
         return self.objective.predictions(outputs, noisy_images, noise_rates, signal_rates)
+
+    def guided_outputs(self, noisy_images, noise_rates, cond):
+        """Classifier-free guidance (Ho & Salimans 2022, eq. 6) in one network call on a doubled batch.
+
+        The conditional and the unconditional (null-class) outputs come from one
+        call on ``[x, x]`` with labels ``[y, null]`` (as DiT); then
+        ``c + (s - 1) (c - u)``, which is ``u + s (c - u)`` written so that
+        ``s = 1`` gives the conditional output exactly and ``s = 0`` the
+        unconditional one. Both predictions are affine in the output with the
+        same coefficients, so guiding the output guides the noise and the image.
+        """
+        doubled = jnp.concatenate([noisy_images, noisy_images])
+        labels = jnp.concatenate([cond["label"], jnp.full_like(cond["label"], -1)])
+        both = self.network(doubled, jnp.concatenate([noise_rates, noise_rates]) ** 2, False, {"label": labels})
+        conditional, unconditional = jnp.split(both, 2)
+        scale = jnp.asarray(cond["guidance"], jnp.float32).reshape(-1, 1, 1, 1)
+        return conditional + (scale - 1.0) * (conditional - unconditional)
 
     def normalize(self, images, train: bool = False):
         return self.normalizer(images, use_running_average=not train)

@@ -162,6 +162,24 @@ def eta_option():
     return typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16).")
 
 
+def class_option():
+    return typer.Option([], "--class", help="Class-conditional checkpoints: a class name or id for every image, or "
+                        "repeated, one per image (default: drawn as the training data's classes are).")
+
+
+def guidance_option():
+    return typer.Option(None, "--guidance", help="Class-conditional checkpoints: classifier-free guidance scale "
+                        "(1 plain conditional, the default; 0 unconditional; above 1 more like the class).")
+
+
+def describe_classes(pipe) -> str:
+    """``ddim sample --list-classes``: one line per class (id, training images, name), or why there are none."""
+    if not pipe.classes:
+        return "this checkpoint is not class-conditional (trained without model.class_conditional)"
+    counts = pipe.class_space.counts or ("",) * len(pipe.classes)
+    return "\n".join(f"{i:4d}  {count:>6}  {name}" for i, (name, count) in enumerate(zip(pipe.classes, counts)))
+
+
 def batch_size_option(help: str = "Images processed at once (bounds memory)."):
     return typer.Option(64, "--batch-size", "-b", help=help)
 

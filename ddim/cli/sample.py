@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -13,8 +13,11 @@ from ddim.cli.app import (
     batch_size_option,
     checkpoint_option,
     checkpoint_source,
+    class_option,
     compilation_cache_option,
+    describe_classes,
     eta_option,
+    guidance_option,
     overwrite_option,
     progress_bar,
     require_positive,
@@ -39,6 +42,9 @@ def sample(
     eta: float = eta_option(),
     sampler: str = sampler_option(),
     spacing: str = spacing_option(),
+    classes: List[str] = class_option(),
+    guidance: Optional[float] = guidance_option(),
+    list_classes: bool = typer.Option(False, "--list-classes", help="Print the model's classes and exit."),
     batch_size: int = batch_size_option("Images generated at once (bounds memory)."),
     grid: bool = typer.Option(True, "--grid/--no-grid", help="Also write grid.png."),
     trajectory: bool = typer.Option(
@@ -49,16 +55,17 @@ def sample(
 ):
     """Generate images with the EMA weights of a checkpoint and write them as PNGs.
 
-    For few steps, --sampler dpmpp-2m --spacing logsnr is recommended: at 10 steps it is closer to the
-    converged images than the default DDIM at 20 (README: Samplers).
+    A class-conditional checkpoint takes --class (a name or an id; repeat it for one class per image) and
+    --guidance; classes.json then says which class each image is.
     """
     require_positive(num=num, steps=steps, batch_size=batch_size)
-    spec = sampling_spec(steps, sampler, spacing, eta)
+    spec = sampling_spec(steps, sampler, spacing, eta, guidance)
     source = checkpoint_source(workdir, checkpoint)
     from ddim.sampling.outputs import check_sample_folder
 
-    with user_errors():
-        check_sample_folder(out, num, grid, trajectory, overwrite)
+    if not list_classes:
+        with user_errors():
+            check_sample_folder(out, num, grid, trajectory, overwrite)
     setup_runtime(compilation_cache)
     from ddim.sampling import load
     from ddim.sampling.outputs import sample_to_folder
@@ -67,11 +74,15 @@ def sample(
     with user_errors():
         pipe = load(source)
         typer.echo(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})", err=True)
+        if list_classes:
+            typer.echo(describe_classes(pipe))
+            return
+        ids = pipe.class_ids(classes or None, num, seed) if pipe.classes or classes else None
         tip = sampler_tip(steps, sampler, spacing)
         if tip:
             typer.echo(tip, err=True)
         with progress_bar(num, "sample") as on_batch:
             extras = sample_to_folder(pipe, out, num, spec, seed=seed, batch_size=batch_size, grid=grid,
-                                      trajectory=trajectory, overwrite=overwrite, on_batch=on_batch)
+                                      trajectory=trajectory, overwrite=overwrite, on_batch=on_batch, classes=ids)
     elapsed = time.perf_counter() - started
     typer.echo(f"wrote {num} images{''.join(' and ' + e for e in extras)} to {out} in {elapsed:.1f}s")

@@ -1,9 +1,10 @@
-"""What the network is told besides the noisy image: the noise level as sinusoidal features."""
+"""What the network is told besides the noisy image: the noise level as sinusoidal features, and the class."""
 
 from __future__ import annotations
 
 import math
 
+import flax.linen as nn
 import jax.numpy as jnp
 
 
@@ -21,3 +22,23 @@ def sinusoidal_embedding(noise_variances, embedding_dims: int, min_frequency: fl
     return jnp.concatenate(
         [jnp.sin(angular_speeds * noise_variances), jnp.cos(angular_speeds * noise_variances)], axis=-1
     )
+
+
+class ClassEmbedding(nn.Module):
+    """A learned vector per class and one for the *null* class, ``(B, 1, 1, features)``.
+
+    ``labels`` are class ids; -1 (no class, or dropped for classifier-free
+    guidance) and anything outside ``[0, num_classes)`` take the null class,
+    the last row, so one network learns the conditional and the unconditional
+    prediction (Ho & Salimans 2022, Algorithm 1).
+    """
+
+    num_classes: int
+    features: int
+
+    @nn.compact
+    def __call__(self, labels):
+        labels = jnp.asarray(labels, jnp.int32)
+        ids = jnp.where((labels < 0) | (labels >= self.num_classes), self.num_classes, labels)
+        vectors = nn.Embed(self.num_classes + 1, self.features, name="table")(ids)
+        return vectors[:, None, None, :]

@@ -18,7 +18,7 @@ from ddim import ops
 from ddim.config import ModelConfig
 from ddim.nn.attention import SelfAttention
 from ddim.nn.blocks import ResidualBlock
-from ddim.nn.embeddings import sinusoidal_embedding
+from ddim.nn.embeddings import ClassEmbedding, sinusoidal_embedding
 from ddim.nn.layers import Conv, compute_dtype
 
 
@@ -28,8 +28,11 @@ class UNet(nn.Module):
     What it predicts (the noise, or the velocity) is the objective's business
     (:mod:`ddim.objective`); the network only sees images and noise levels.
     ``cond`` carries further conditioning (a pytree, as guided-diffusion's
-    ``model_kwargs``); this network takes none and ignores it. Every
-    hyperparameter comes from ``config`` (a :class:`ddim.config.ModelConfig`).
+    ``model_kwargs``): a class-conditional network reads ``cond["label"]``
+    (``(B,)`` class ids, -1 for the null class; no ``cond`` means the null
+    class) and adds its :class:`ClassEmbedding` to the noise embedding, so the
+    class reaches every place the noise level does. Every hyperparameter comes
+    from ``config`` (a :class:`ddim.config.ModelConfig`).
     """
 
     config: ModelConfig
@@ -49,6 +52,9 @@ class UNet(nn.Module):
         noise_embedding = sinusoidal_embedding(
             noise_variances, c.embedding_dims, c.embedding_min_frequency, c.embedding_max_frequency
         )
+        if c.class_conditional:
+            labels = cond["label"] if cond is not None and "label" in cond else jnp.full((batch,), -1, jnp.int32)
+            noise_embedding = noise_embedding + ClassEmbedding(c.num_classes, c.embedding_dims, name="classes")(labels)
         block_embedding = None
         if c.embedding_injection == "every-block":
             # ADM's time embedding: an MLP of the sinusoidal features, shared by every block.

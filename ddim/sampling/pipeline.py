@@ -20,6 +20,7 @@ from ddim.errors import InputError
 from ddim.images import to_uint8
 from ddim.model import DiffusionModel
 from ddim.sampling import programs
+from ddim.sampling.classes import ClassSpace
 from ddim.sampling.inputs import check_latents, prepare_images, prepare_masks
 from ddim.spec import SamplingSpec
 
@@ -60,6 +61,7 @@ class Pipeline:
     def __init__(self, config: Config, variables: dict[str, Any], step: int | None = None, path: Path | None = None):
         self.config = config
         self.model = DiffusionModel(config.model)
+        self.class_space = ClassSpace.of(config.model)
         self.variables = variables
         self.step = step
         self.path = path
@@ -67,6 +69,19 @@ class Pipeline:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return self.model.image_shape
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names of a class-conditional model, in id order; empty for an unconditional one."""
+        return self.class_space.names
+
+    def class_ids(self, classes, num_images: int, seed: int = 0) -> np.ndarray:
+        """The class id of each of ``num_images`` images (names or ids; see :meth:`ClassSpace.resolve`)."""
+        return self.class_space.resolve(classes, num_images, seed)
+
+    def _condition(self, count: int, spec: SamplingSpec, classes, seed: int, cond):
+        """``cond`` with the class labels and guidance scales of ``count`` images (see :class:`ClassSpace`)."""
+        return self.class_space.condition(count, spec, classes, seed, cond)
 
     def _prepare(self, images) -> tuple[np.ndarray, list[tuple[int, int]]]:
         return prepare_images(images, self.config.model.image_size, self.config.model.channels)
@@ -77,7 +92,8 @@ class Pipeline:
     def generate(self, num_images: int | None = None, steps: int | None = None, seed: int = 0,
                  eta: float | None = None, batch_size: int | None = None, on_batch: OnBatch | None = None,
                  sampler: str | None = None, spacing: str | None = None, latents: np.ndarray | None = None,
-                 *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+                 *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
+                 cond=None) -> np.ndarray:
         """Sample images with the EMA weights: uint8 ``(num_images, H, W, C)``.
 
         - ``num_images`` >= 1 (default 16, or the number of ``latents``).
@@ -94,19 +110,27 @@ class Pipeline:
           ``generate(n, seed=seed)``.
         - ``batch_size``: images generated at once (bounds memory); ``on_batch(n)``
           is called after each batch of ``n``.
+        - ``classes`` (class-conditional models): a name or id for all images, or
+          one per image; default: drawn from the training data's class
+          frequencies, from ``seed``. ``guidance``: the classifier-free guidance
+          scale (``spec.guidance``): 1 is plain conditional sampling (the default),
+          0 unconditional, above 1 more like the class.
         - ``cond``: a pytree of per-image arrays ``(N, ...)`` handed to the network.
 
         Raises ``ValueError`` (one sentence) for a non-positive count or step
         count, an unknown sampler or spacing (listing the valid ones), a bad
         eta, or latents of the wrong shape or count.
         """
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         if latents is not None:
             latents = check_latents(latents, self.image_shape)
             if num_images is not None and num_images != len(latents):
                 raise InputError(f"num_images is {num_images} but {len(latents)} latents were given")
             num_images = len(latents)
         num_images = 16 if num_images is None else num_images
+        if num_images < 1:
+            raise InputError(f"the number of images must be >= 1, got {num_images}")
+        cond = self._condition(num_images, spec, classes, seed, cond)
         return programs.generate_images(self.model, self.variables, num_images, spec, seed, batch_size, on_batch,
                                         latents, cond)
 
@@ -117,18 +141,20 @@ class Pipeline:
     def trajectory(self, num_images: int = 16, steps: int | None = None, seed: int = 0, eta: float | None = None,
                    sampler: str | None = None, spacing: str | None = None, batch_size: int | None = None,
                    latents: np.ndarray | None = None, on_batch: OnBatch | None = None,
-                   *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+                   *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
+                   cond=None) -> np.ndarray:
         """The predicted clean images after every step of :meth:`generate`: uint8 ``(steps, N, H, W, C)``.
 
         Same arguments as :meth:`generate`; the last frame is its sample. Shows
         how the reverse process settles the image, coarse to fine.
         """
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         if latents is None:
             if num_images < 1:
                 raise InputError(f"the number of images must be >= 1, got {num_images}")
             latents = self.latents(num_images, seed, batch_size)
         latents = check_latents(latents, self.image_shape)
+        cond = self._condition(len(latents), spec, classes, seed, cond)
         frames = self._run(programs.trajectory, spec, len(latents), batch_size=batch_size, arrays=[latents],
                            traced=(jnp.float32(spec.eta),), cond=cond, seed=seed, on_batch=on_batch, batch_axis=1)
         return to_uint8(frames)
@@ -193,7 +219,8 @@ class Pipeline:
 
     def edit(self, images, strength: float = 0.6, steps: int | None = None, seed: int = 0, sampler: str | None = None,
              spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
-             *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+             *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
+             cond=None) -> np.ndarray:
         """Image-to-image editing (SDEdit, Meng et al. 2021): noise ``images`` to ``strength`` and denoise.
 
         ``strength`` in (0, 1]: the diffusion time the inputs are noised to;
@@ -206,9 +233,10 @@ class Pipeline:
         if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating, np.integer)) \
                 or not 0.0 < strength <= 1.0:
             raise InputError(f"strength must be in (0, 1], got {strength!r}")
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         prepared, _ = self._prepare(images)
         batch_size = programs.check_batch_size(batch_size, len(prepared))
+        cond = self._condition(len(prepared), spec, classes, seed, cond)
         if strength == 1.0:  # plain sampling: the input is not used at all
             return self.generate(len(prepared), seed=seed, batch_size=batch_size, spec=spec, cond=cond)
         floats = self._run(programs.edit, spec, len(prepared), batch_size=batch_size, arrays=[prepared],
@@ -217,7 +245,8 @@ class Pipeline:
 
     def inpaint(self, images, mask, steps: int | None = None, seed: int = 0, sampler: str | None = None,
                 spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
-                *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+                *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
+                cond=None) -> np.ndarray:
         """Fill the masked region of ``images`` consistently with the rest (RePaint-style, without resampling).
 
         ``mask``: white/True/1 = the region to fill; one mask for all images or
@@ -226,9 +255,10 @@ class Pipeline:
         the result keeps the input's pixels. ``spec`` (or ``steps``, ``sampler``,
         ``spacing``, ``eta``) and ``seed`` as :meth:`generate`. Returns uint8 ``(N, H, W, C)``.
         """
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         prepared, sizes = self._prepare(images)
         masks = prepare_masks(mask, sizes, self.config.model.image_size)
+        cond = self._condition(len(prepared), spec, classes, seed, cond)
         floats = self._run(programs.inpaint, spec, len(prepared), batch_size=batch_size, arrays=[prepared, masks],
                            traced=(jnp.float32(spec.eta),), cond=cond, seed=seed)
         return to_uint8(floats)

@@ -11,6 +11,8 @@ from ``(seed, epoch)`` (see :mod:`ddim.data`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 import time
 from dataclasses import dataclass, field
@@ -149,6 +151,7 @@ class TrainingRun:
         is_writer = jax.process_index() == 0
         data = data_lib.load(config, workdir, ("train", "val") if t.eval_every else ("train",),
                              log=early_say if is_writer else (lambda message: None), show_progress=is_writer)
+        config = with_data_classes(config, data)
         train_images, val_images = data.train, data.val
         if val_images is not None and not len(val_images):
             val_images = None
@@ -270,6 +273,23 @@ class TrainingRun:
         last = self.checkpointer.latest_step()
         where = f"the last good checkpoint is step {last}" if last is not None else "no checkpoint was saved"
         return f"{where} in {self.checkpointer.directory}"
+
+
+def with_data_classes(config: Config, data) -> Config:
+    """A class-conditional ``config`` with the data's classes filled in (count, names, training frequencies).
+
+    They are stored in every checkpoint, so sampling knows the classes without
+    the data. An unconditional config comes back unchanged.
+    """
+    if not config.model.class_conditional:
+        return config
+    if not data.num_classes:
+        raise UserError(f"model.class_conditional needs labelled data, and {data.describe()} has no classes "
+                        "(an image folder gives its first-level subfolders as classes)")
+    counts = data.train_class_counts
+    model = dataclasses.replace(config.model, num_classes=data.num_classes, class_names=tuple(data.class_names),
+                                class_counts=tuple(int(c) for c in counts))
+    return dataclasses.replace(config, model=model)
 
 
 def _resume(checkpointer: Checkpointer, step: int, config: Config, template: TrainState) -> TrainState:

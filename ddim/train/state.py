@@ -131,8 +131,18 @@ def to_float(images):
     return images.astype(jnp.float32) / 255.0
 
 
+def class_condition(batch, rng, label_dropout: float | None):
+    """The ``cond`` of a training batch: its labels, a ``label_dropout`` share of them replaced by the null
+    class (-1; Ho & Salimans 2022, Algorithm 1); None for an unconditional model (``label_dropout`` None)."""
+    if label_dropout is None:
+        return None
+    labels = batch["label"]
+    dropped = jax.random.uniform(rng, labels.shape) < label_dropout
+    return {"label": jnp.where(dropped, -1, labels)}
+
+
 def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool,
-               objective: Objective = Objective()):
+               objective: Objective = Objective(), label_dropout: float | None = None):
     """One optimiser step on ``objective``'s loss, then the EMA update.
 
     ``batch`` is ``{"image": uint8 (B, H, W, C), "label": int32 (B,)}``; ``rng``
@@ -140,15 +150,18 @@ def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool
     noise (and dropout) whatever process runs it. Returns the new state and
     the metrics: ``noise_loss`` and ``image_loss`` (the MAE of the predicted
     noise and clean image, alike for every objective) and, when the objective
-    is not the Keras example's noise MAE, the optimised ``loss``.
+    is not the Keras example's noise MAE, the optimised ``loss``. A
+    class-conditional model (``label_dropout`` not None) sees the batch's labels,
+    some dropped to the null class.
     """
     rng = jax.random.fold_in(rng, state.step)
     images = to_float(batch["image"])
+    cond = class_condition(batch, jax.random.fold_in(rng, 2), label_dropout)
 
     def loss_fn(params):
         (noisy, outputs), updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats}, images, rng, train=True, mutable=["batch_stats"],
-            rngs={"dropout": jax.random.fold_in(rng, 1)},
+            {"params": params, "batch_stats": state.batch_stats}, images, rng, train=True, cond=cond,
+            mutable=["batch_stats"], rngs={"dropout": jax.random.fold_in(rng, 1)},
         )
         return objective.loss_value(noisy, outputs), (objective.metrics(noisy, outputs), updates)
 
@@ -160,9 +173,11 @@ def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool
     return new_state, metrics
 
 
-def eval_step(state: TrainState, batch, rng, objective: Objective = Objective()):
-    """Validation losses of the EMA model (BatchNorm in inference mode) on a batch's uint8 images."""
-    noisy, outputs = state.apply_fn(ema_variables(state), to_float(batch["image"]), rng, train=False)
+def eval_step(state: TrainState, batch, rng, objective: Objective = Objective(), conditional: bool = False):
+    """Validation losses of the EMA model (BatchNorm in inference mode) on a batch (with its labels when
+    ``conditional``)."""
+    cond = {"label": batch["label"]} if conditional else None
+    noisy, outputs = state.apply_fn(ema_variables(state), to_float(batch["image"]), rng, train=False, cond=cond)
     metrics = objective.metrics(noisy, outputs)
     if not objective.is_reference:
         metrics["loss"] = objective.loss_value(noisy, outputs)
@@ -178,18 +193,22 @@ def compiled_steps(config: Config, mesh=None):
     statistics across devices. The train step donates the old state.
     """
     t = config.train
-    return _compiled_steps(t.ema_decay, t.ema_warmup, Objective.of(config.model, config), mesh or parallel.data_mesh())
+    label_dropout = t.label_dropout if config.model.class_conditional else None
+    return _compiled_steps(t.ema_decay, t.ema_warmup, Objective.of(config.model, config), label_dropout,
+                           mesh or parallel.data_mesh())
 
 
 @functools.cache
-def _compiled_steps(ema_decay: float, ema_warmup: bool, objective: Objective, mesh):
+def _compiled_steps(ema_decay: float, ema_warmup: bool, objective: Objective, label_dropout, mesh):
     replicated = parallel.replicated(mesh)
     step = jax.jit(
-        functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup, objective=objective),
+        functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup, objective=objective,
+                          label_dropout=label_dropout),
         donate_argnums=(0,),
         out_shardings=(replicated, replicated),
     )
-    return step, jax.jit(functools.partial(eval_step, objective=objective), out_shardings=replicated)
+    evaluate = functools.partial(eval_step, objective=objective, conditional=label_dropout is not None)
+    return step, jax.jit(evaluate, out_shardings=replicated)
 
 
 def set_normalizer_stats(state: TrainState, mean, var) -> TrainState:
