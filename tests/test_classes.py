@@ -2,8 +2,6 @@
 
 import functools
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,7 @@ from ddim.errors import InputError
 from ddim.model import DiffusionModel, init_variables
 from ddim.sampling import Pipeline
 from ddim.train import state as state_lib
-from tests.conftest import run_once, tiny_config
+from tests.conftest import CONFIGS, run_once, tiny_config
 from tests.image_folders import write_plain_folder
 
 NAMES = ("pink primrose", "sunflower", "daisy")
@@ -90,8 +88,7 @@ def test_label_dropout_one_trains_exactly_as_the_null_class():
     step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True, label_dropout=1.0))
     images = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8))
     labelled, _ = step(state, {"image": images, "label": jnp.array([0, 1, 2, 1])}, jax.random.key(1))
-    state = state_lib.create_train_state(config, jax.random.key(0))
-    null, _ = step(state, {"image": images, "label": jnp.full((4,), -1)}, jax.random.key(1))
+    null, _ = step(state, {"image": images, "label": jnp.full((4,), -1)}, jax.random.key(1))  # not donated
     for a, b in zip(jax.tree.leaves(labelled.params), jax.tree.leaves(null.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -108,27 +105,24 @@ def test_an_unconditional_model_refuses_classes_and_guidance():
 
 @pytest.mark.slow
 def test_class_conditional_training_on_a_folder_then_sampling_by_name(tmp_path):
+    from tests.test_cli import assert_one_line_error, invoke
+
     data = tmp_path / "images"
     write_plain_folder(data / "cats", 6, size=20)
     write_plain_folder(data / "owls", 6, size=20, start=6)
     write_plain_folder(data, 2, size=20, start=12)  # in the root folder: no class, the null class only
     workdir = tmp_path / "run"
-
-    def ddim(*args):
-        return subprocess.run([sys.executable, "-m", "ddim.cli", *map(str, args)], capture_output=True, text=True)
-
-    trained = ddim("train", "--config", "configs/smoke.toml", "--data", data, "--workdir", workdir,
-                   "--set", "model.class_conditional=true", "--set", "train.max_steps=2", "--set", "train.eval_every=0",
-                   "--set", "data.val_fraction=0.0", "--set", "train.batch_size=4")
-    assert trained.returncode == 0, trained.stderr
-    listed = ddim("sample", "--workdir", workdir, "--list-classes")
-    assert listed.returncode == 0 and "cats" in listed.stdout and "owls" in listed.stdout
+    trained = invoke("train", "--config", CONFIGS / "smoke.toml", "--data", data, "--workdir", workdir,
+                     "--set", "model.class_conditional=true", "--set", "train.max_steps=2", "--set", "train.eval_every=0",
+                     "--set", "data.val_fraction=0.0", "--set", "train.batch_size=4")
+    assert trained.exit_code == 0, trained.output
+    listed = invoke("sample", "--workdir", workdir, "--list-classes")
+    assert listed.exit_code == 0 and "cats" in listed.output and "owls" in listed.output
     out = tmp_path / "samples"
-    sampled = ddim("sample", "--workdir", workdir, "--num", 2, "--steps", 2, "--class", "owls", "--class", 0,
-                   "--guidance", 2, "--out", out)
-    assert sampled.returncode == 0, sampled.stderr
+    sampled = invoke("sample", "--workdir", workdir, "--num", 2, "--steps", 2, "--class", "owls", "--class", 0,
+                     "--guidance", 2, "--out", out)
+    assert sampled.exit_code == 0, sampled.output
     assert json.loads((out / "classes.json").read_text()) == {
         "0000.png": {"class": 1, "name": "owls"}, "0001.png": {"class": 0, "name": "cats"}}
-    wrong = ddim("sample", "--workdir", workdir, "--class", "owl", "--out", tmp_path / "x")
-    assert wrong.returncode == 1 and wrong.stderr.strip().splitlines()[-1] == (
-        "error: unknown class 'owl'; closest: 'owls' (ddim sample --list-classes lists them)")
+    assert_one_line_error(invoke("sample", "--workdir", workdir, "--class", "owl", "--out", tmp_path / "x"),
+                          "unknown class 'owl'; closest: 'owls' (ddim sample --list-classes lists them)")
