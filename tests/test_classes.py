@@ -126,3 +126,6 @@ def test_class_conditional_training_on_a_folder_then_sampling_by_name(tmp_path):
         "0000.png": {"class": 1, "name": "owls"}, "0001.png": {"class": 0, "name": "cats"}}
     assert_one_line_error(invoke("sample", "--workdir", workdir, "--class", "owl", "--out", tmp_path / "x"),
                           "unknown class 'owl'; closest: 'owls' (ddim sample --list-classes lists them)")
+    edited = invoke("edit", data / "cats" / "img_00000.png", "--workdir", workdir, "--class", "owls", "--guidance", 3,
+                    "--steps", 2, "--out", tmp_path / "edits")
+    assert edited.exit_code == 0 and (tmp_path / "edits" / "img_00000.png").is_file(), edited.output

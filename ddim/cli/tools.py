@@ -21,9 +21,11 @@ from ddim.cli.app import (
     batch_size_option,
     checkpoint_option,
     checkpoint_source,
+    class_option,
     compilation_cache_option,
     eta_option,
     fail,
+    guidance_option,
     overwrite_option,
     require_positive,
     sampler_option,
@@ -232,9 +234,9 @@ def interpolate(
     typer.echo(f"wrote {frames} frames and interpolation.gif to {out}")
 
 
-def _sampling_options(steps: int, batch_size: int, sampler: str, spacing: str, eta: float):
+def _sampling_options(steps: int, batch_size: int, sampler: str, spacing: str, eta: float, guidance=None):
     require_positive(steps=steps, batch_size=batch_size)
-    return sampling_spec(steps, sampler, spacing, eta)
+    return sampling_spec(steps, sampler, spacing, eta, guidance)
 
 
 @app.command()
@@ -250,12 +252,14 @@ def edit(
     sampler: str = sampler_option(),
     spacing: str = spacing_option(),
     eta: float = eta_option(),
+    classes: List[str] = class_option(),
+    guidance: Optional[float] = guidance_option(),
     batch_size: int = batch_size_option(),
     overwrite: bool = overwrite_option(),
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Image-to-image (SDEdit): noise each image to --strength and denoise it into the model's world."""
-    spec = _sampling_options(steps, batch_size, sampler, spacing, eta)
+    spec = _sampling_options(steps, batch_size, sampler, spacing, eta, guidance)
     if not 0.0 < strength <= 1.0:
         fail(f"--strength must be in (0, 1] (got {strength})", code=2)
     _check_inputs(images)
@@ -269,7 +273,8 @@ def edit(
 
         started = time.perf_counter()
         with _notices():
-            edited = pipe.edit(_read(pipe, images), strength=strength, seed=seed, batch_size=batch_size, spec=spec)
+            edited = pipe.edit(_read(pipe, images), strength=strength, seed=seed, batch_size=batch_size, spec=spec,
+                               classes=classes or None)
         for image, name in zip(edited, names):
             save_png(image, out / name)
     typer.echo(f"wrote {len(images)} edited image(s) to {out} in {time.perf_counter() - started:.1f}s")
@@ -287,12 +292,14 @@ def inpaint(
     sampler: str = sampler_option(),
     spacing: str = spacing_option(),
     eta: float = eta_option(),
+    classes: List[str] = class_option(),
+    guidance: Optional[float] = guidance_option(),
     batch_size: int = batch_size_option(),
     overwrite: bool = overwrite_option(),
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Fill the white region of --mask in each image consistently with the rest (the rest is kept)."""
-    spec = _sampling_options(steps, batch_size, sampler, spacing, eta)
+    spec = _sampling_options(steps, batch_size, sampler, spacing, eta, guidance)
     _check_inputs(images)
     _check_inputs([mask], "mask")
     names = _output_names(images)
@@ -305,7 +312,8 @@ def inpaint(
         from ddim.images import save_png
 
         with _notices():
-            filled = pipe.inpaint(_read(pipe, images), mask_pixels, seed=seed, batch_size=batch_size, spec=spec)
+            filled = pipe.inpaint(_read(pipe, images), mask_pixels, seed=seed, batch_size=batch_size, spec=spec,
+                                  classes=classes or None)
         for image, name in zip(filled, names):
             save_png(image, out / name)
     typer.echo(f"wrote {len(images)} inpainted image(s) to {out}")
