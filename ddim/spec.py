@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -158,12 +159,15 @@ def _is_numpy_integer(value) -> bool:
 
 
 def _number(name: str, value) -> float:
-    problem = f"{name} must be a number, got {value!r}"
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
-    if math.isnan(number) or math.isinf(number):
-        raise SpecError(problem if not isinstance(value, (int, float)) or isinstance(value, bool)
-                        else f"{name} must be a finite number, got {value!r}", f"--{problem}")
+    """``value`` as a finite float (a Python or numpy number, or its text), else a :class:`SpecError` naming ``name``."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SpecError(f"{name} must be a number, got {value!r}", f"--{name} must be a number (got {value!r})")
+    number = float(value)
+    if not math.isfinite(number):
+        raise SpecError(f"{name} must be a finite number, got {value!r}", f"--{name} must be a finite number (got {value})")
     return number
