@@ -72,6 +72,7 @@ def test_guidance_one_is_the_conditional_prediction_and_zero_the_unconditional(p
     np.testing.assert_allclose(guided, unconditional + 3 * (conditional - unconditional), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_guidance_moves_samples_towards_the_class(pipe):
     """More guidance, further from the unconditional sample along the class direction."""
     uncond = pipe.generate(4, steps=4, classes="sunflower", guidance=0.0)
@@ -82,6 +83,7 @@ def test_guidance_moves_samples_towards_the_class(pipe):
     assert np.sum((strong.astype(float) - uncond) * direction) > np.sum(direction * direction)
 
 
+@pytest.mark.slow
 def test_label_dropout_one_trains_exactly_as_the_null_class():
     config = conditional_config("train.label_dropout=1.0")
     state = state_lib.create_train_state(config, jax.random.key(0))

@@ -133,6 +133,7 @@ def test_bad_recipe_options_are_one_line_errors(override, message):
 # --- each option on a tiny model ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [EVERY_OPTION, OTHER_VALUES], ids=["every-option", "other-values"])
 def test_options_train_sample_and_round_trip_through_a_checkpoint(options, tmp_path):
     from ddim.checkpoint import Checkpointer, load_ema
@@ -152,6 +153,7 @@ def test_options_train_sample_and_round_trip_through_a_checkpoint(options, tmp_p
     assert images.shape == (2, 16, 16, 3) and bool(jnp.isfinite(images).all())
 
 
+@pytest.mark.slow
 def test_attention_and_every_block_start_as_the_plain_network():
     """Zero-initialised projections: a new option leaves the untrained network's output unchanged."""
     plain, extended = tiny_config(), tiny_config("model.attention_resolutions=[8, 16]",
@@ -169,6 +171,7 @@ def test_attention_and_every_block_start_as_the_plain_network():
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_default_objective_trains_bit_for_bit_as_before():
     """The Keras example's objective through ddim/objective.py gives the bits of the frozen old step."""
     from tests.legacy_train_step import LegacyDiffusionModel, legacy_train_step
