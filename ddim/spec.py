@@ -144,15 +144,6 @@ class SamplingSpec:
             options += [f"--{field.name}", f"{value:g}" if isinstance(value, float) else str(value)]
         return options
 
-    def describe(self) -> str:
-        """One short phrase, e.g. ``20 steps of dpmpp-2m/logsnr``."""
-        text = f"{self.steps} steps of {self.sampler}/{self.spacing}"
-        if self.eta:
-            text += f", eta {self.eta:g}"
-        if self.guidance is not None:
-            text += f", guidance {self.guidance:g}"
-        return text
-
 
 def _is_numpy_integer(value) -> bool:
     return type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iu"
