@@ -3,7 +3,7 @@
 Run:  python benchmarks/bench.py --config configs/flowers64.toml [--set key=value ...] [--out result.json]
       python benchmarks/bench.py --config configs/folder64.toml --data path/to/images   (no TensorFlow needed)
 
-Prints one JSON object (see README, "Benchmark"). Everything runs on the default JAX backend, so the same
+Prints one JSON object (see docs/benchmarks.md). Everything runs on the default JAX backend, so the same
 script measures a CPU, a GPU or a TPU. Training is timed on device-resident random batches (the model's
 compute); the input pipeline (the data cache read by the Grain loader, as training reads it) is timed
 separately, and compared with what training consumes. With ``--data`` the images come from that folder and

@@ -27,7 +27,7 @@ from pathlib import Path
 # (YNNPACK's eltwise fusion swallows the convolutions and is slow on the upsampling
 # interleave). Gradient of the flowers64 loss on a 2-core AVX-512 machine: 5.7 s/step with YNNPACK
 # for everything (dot,eltwise,reduce,individual_convolution,individual_dot), 4.2 s with this
-# choice (README, "Benchmark"). Only the CPU backend reads these; GPU/TPU ignore them.
+# choice (docs/benchmarks.md). Only the CPU backend reads these; GPU/TPU ignore them.
 CPU_XLA_FLAGS = {
     "--xla_cpu_experimental_ynn_fusion_type": "reduce,individual_dot",
 }

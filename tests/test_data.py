@@ -132,7 +132,7 @@ def test_real_oxford_flowers_split_sizes_and_values(tmp_path):
 def test_real_flowers_jpegs_in_a_folder_match_tensorflows_accurate_decoder(tmp_path):
     """The original JPEG files of Flowers in a folder: Pillow decodes them exactly as TensorFlow's
     accurate integer IDCT does, so the folder path gives the TFDS pipeline's pixels for that decoder
-    (TFDS itself decodes with TensorFlow's default fast IDCT: see the README)."""
+    (TFDS itself decodes with TensorFlow's default fast IDCT: see docs/own-images.md)."""
     import tensorflow_datasets as tfds
 
     tf = data.tensorflow()

@@ -88,7 +88,7 @@ SAMPLER_HELP = (
     + ". See the user guide, 'Sampling and samplers', for which to use."
 )
 SPACING_HELP = "Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items()) + "."
-# What the FID of samples measured (README, "Samplers"): at 20 steps the uniform grid scored better than the
+# What the FID of samples measured (docs/sampling.md): at 20 steps the uniform grid scored better than the
 # log-SNR grid, although the log-SNR grid is several times closer to the converged ODE solution. Closeness to
 # that solution is not sample quality, so the advice follows FID.
 FID_BEST_SPACING = "uniform"
@@ -100,7 +100,7 @@ def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
     if spacing == FID_BEST_SPACING or steps >= TIP_BELOW_STEPS:
         return None
     return (f"tip: by the FID of samples, --spacing {FID_BEST_SPACING} scored better than the {spacing} grid at "
-            "20 steps, though it is farther from the converged ODE solution (README: Samplers)")
+            "20 steps, though it is farther from the converged ODE solution (docs/sampling.md)")
 
 
 def sampling_spec(steps: int = DEFAULT_STEPS, sampler: str = "ddim", spacing: str = "uniform", eta: float = 0.0,

@@ -1,6 +1,6 @@
 """The evaluation job (``ddim eval``): KID and FID of a checkpoint's samples, appended to ``eval.jsonl``.
 
-The protocol (see the README's metrics section): FID from the standard FID
+The protocol (see docs/evaluation.md): FID from the standard FID
 Inception (the 2015-12-05 TF graph's pool3 features at 299x299,
 :mod:`ddim.evaluation.fid_inception`), so it can be set beside papers' FIDs;
 KID from the same features by default, or from Keras' InceptionV3 at 75x75
