@@ -236,7 +236,8 @@ def default_checkpoint_source() -> Path | str:
     return source_of(bundled.name)
 
 
-def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path], pretrained: Optional[str] = None) -> Path | str:
+def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path],
+                      pretrained: Optional[str] = None) -> Path | str:
     """What ``--checkpoint``/``--workdir`` name, or ``--pretrained`` (``"pretrained:NAME"``, checked to exist),
     else the newest run under runs/ (else the default bundled model)."""
     if pretrained is not None:
@@ -250,7 +251,8 @@ def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path], pretr
 
 
 def pretrained_workdir(source: Path | str) -> Optional[Path]:
-    """Where ``ddim eval`` of a bundled model writes (``runs/pretrained-NAME``: never into the package); None for a run."""
+    """Where ``ddim eval`` of a bundled model writes: ``runs/pretrained-NAME``, never into the package.
+    None for a run (its own work directory)."""
     from ddim.pretrained.registry import pretrained_name
 
     name = pretrained_name(source)
