@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable
@@ -59,8 +60,8 @@ def given_fid(value: float, protocol: str | None) -> dict[str, Any]:
     if not protocol or not protocol.strip():
         raise InputError("an FID needs the words saying how it was measured (--fid-protocol), e.g. "
                          "'5000 samples, 20 DDIM steps, against all 8189 Flowers images, standard FID Inception'")
-    if not value >= 0:
-        raise InputError(f"an FID is a number >= 0, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise InputError(f"an FID is a finite number >= 0, got {value!r}")
     return {"value": float(value), "protocol": protocol.strip(), "eval": None}
 
 
