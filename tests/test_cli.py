@@ -90,6 +90,7 @@ def test_missing_checkpoint(tmp_path):
 
 def test_no_runs_at_all(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDIM_PRETRAINED_DIR", str(tmp_path / "no-bundled-models"))  # nor a model to fall back to
     assert_one_line_error(invoke("sample", "--out", "x"), "no checkpoints found under runs/")
 
 

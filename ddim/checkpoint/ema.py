@@ -50,7 +50,7 @@ def load_ema(path: str | Path, step: int | None = None, warn: Callable[[str], No
         variables = jax.tree.map(jnp.asarray, ema_variables(state))
     except (KeyError, TypeError) as error:
         raise CheckpointError(f"checkpoint {where} has no EMA weights ({error})") from None
-    _check_fits_config(config, variables, where)
+    check_fits_config(config, variables, where)
     return LoadedCheckpoint(config, variables, step, where)
 
 
@@ -70,8 +70,9 @@ def _restore_newest(
     return config, state, step
 
 
-def _check_fits_config(config: Config, variables: dict[str, Any], where: Path) -> None:
-    """The weights must fit the model their stored config describes (shapes and structure)."""
+def check_fits_config(config: Config, variables: dict[str, Any], where: Path) -> None:
+    """The weights must fit the model their stored config describes (shapes and structure); else
+    :class:`CheckpointError` naming ``where``."""
     import jax
 
     from ddim.model import DiffusionModel, init_variables  # Flax: loaded only when weights are checked

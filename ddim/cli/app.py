@@ -152,6 +152,11 @@ def checkpoint_option():
     return typer.Option(None, "--checkpoint", help="A checkpoint step directory (overrides --workdir).")
 
 
+def pretrained_option():
+    return typer.Option(None, "--pretrained", help="A model bundled with ddim, by name (`ddim pretrained` lists "
+                        "them); instead of --workdir/--checkpoint.")
+
+
 def sampler_option():
     return typer.Option("ddim", "--sampler", help=SAMPLER_HELP)
 
@@ -212,16 +217,50 @@ def default_workdir(config) -> Path:
     return DEFAULT_RUNS_DIR / config.name
 
 
-def default_checkpoint_source() -> Path:
-    """The work directory under runs/ with the most recently written checkpoint."""
+def default_checkpoint_source() -> Path | str:
+    """The work directory under runs/ with the most recently written checkpoint; with none, the default
+    bundled model (``"pretrained:NAME"``, said in one stderr line)."""
     from ddim.workdir.layout import CHECKPOINTS, Workdir
 
     candidates = [p.parent for p in DEFAULT_RUNS_DIR.glob(f"*/{CHECKPOINTS}") if p.is_dir()]
-    if not candidates:
+    if candidates:
+        return max(candidates, key=lambda p: Workdir(p).checkpoints.stat().st_mtime)
+    from ddim.pretrained.registry import default_model, source_of
+
+    with user_errors():
+        bundled = default_model()
+    if bundled is None:
         fail(f"no checkpoints found under {DEFAULT_RUNS_DIR}/ (train first, or pass --workdir or --checkpoint)")
-    return max(candidates, key=lambda p: Workdir(p).checkpoints.stat().st_mtime)
+    typer.echo(f"no checkpoints under {DEFAULT_RUNS_DIR}/: using the bundled model {bundled.name} "
+               "(`ddim pretrained` lists them; --workdir or --checkpoint picks a run)", err=True)
+    return source_of(bundled.name)
 
 
-def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path]) -> Path:
-    """What ``--checkpoint``/``--workdir`` name, else the newest run under runs/."""
+def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path],
+                      pretrained: Optional[str] = None) -> Path | str:
+    """What ``--checkpoint``/``--workdir`` name, or ``--pretrained`` (``"pretrained:NAME"``, checked to exist),
+    else the newest run under runs/ (else the default bundled model)."""
+    if pretrained is not None:
+        if workdir is not None or checkpoint is not None:
+            fail("--pretrained names a bundled model: leave out --workdir and --checkpoint", code=2)
+        from ddim.pretrained.registry import find, source_of
+
+        with user_errors():
+            return source_of(find(pretrained).name)
     return checkpoint or workdir or default_checkpoint_source()
+
+
+def pretrained_workdir(source: Path | str) -> Optional[Path]:
+    """Where ``ddim eval`` of a bundled model writes: ``runs/pretrained-NAME``, never into the package.
+    None for a run (its own work directory)."""
+    from ddim.pretrained.registry import pretrained_name
+
+    name = pretrained_name(source)
+    return DEFAULT_RUNS_DIR / f"pretrained-{name}" if name is not None else None
+
+
+def describe_source(pipe) -> str:
+    """The stderr line that says which weights a command uses."""
+    if getattr(pipe, "pretrained", None):
+        return f"bundled model {pipe.pretrained} (step {pipe.step}, config {pipe.config.name}; {pipe.path})"
+    return f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})"

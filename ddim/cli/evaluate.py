@@ -16,6 +16,8 @@ from ddim.cli.app import (
     compilation_cache_option,
     eta_option,
     fail,
+    pretrained_option,
+    pretrained_workdir,
     require_positive,
     sampler_option,
     sampling_spec,
@@ -35,6 +37,7 @@ def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 def eval_command(
     workdir: Optional[Path] = workdir_option("Work directory whose latest checkpoint to score (eval.jsonl and eval_cache/ go there)."),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     num: int = typer.Option(5000, "--num", "-n", help="Number of generated images."),
     steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
     eta: float = eta_option(),
@@ -73,7 +76,7 @@ def eval_command(
 ):
     """Score a checkpoint's samples: FID (the standard FID Inception) and KID against real images.
 
-    Prints a table and appends one JSON line to <workdir>/eval.jsonl.
+    Prints a table and appends one JSON line to <workdir>/eval.jsonl (runs/pretrained-NAME/ for a bundled model).
     """
     from ddim.evaluation import NETWORKS, SPLITS
 
@@ -85,7 +88,7 @@ def eval_command(
     _check_choice("split", split, SPLITS)
     _check_choice("fid-net", fid_net, NETWORKS)
     _check_choice("kid-net", kid_net, NETWORKS)
-    source = checkpoint_source(workdir, checkpoint)
+    source = checkpoint_source(workdir, checkpoint, pretrained)
     setup_runtime(compilation_cache)
     from ddim.evaluation import EvalRequest, evaluate, format_table
 
@@ -93,7 +96,7 @@ def eval_command(
         request = EvalRequest(
             source, num=num, spec=spec, seed=seed, batch_size=batch_size, real_num=real_num, split=split,
             image_dir=data, real_stats=real_stats, fid_net=fid_net, kid_net=kid_net, fid_weights=fid_weights,
-            inception_weights=inception_weights,
+            inception_weights=inception_weights, workdir=pretrained_workdir(source),
         )
         result = evaluate(request)
     typer.echo(format_table(result))

@@ -16,9 +16,11 @@ from ddim.cli.app import (
     class_option,
     compilation_cache_option,
     describe_classes,
+    describe_source,
     eta_option,
     guidance_option,
     overwrite_option,
+    pretrained_option,
     progress_bar,
     require_positive,
     sampler_tip,
@@ -35,6 +37,7 @@ from ddim.cli.app import (
 def sample(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output directory for NNNN.png and grid.png."),
     num: int = typer.Option(16, "--num", "-n", help="Number of images."),
     steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
@@ -60,7 +63,7 @@ def sample(
     """
     require_positive(num=num, steps=steps, batch_size=batch_size)
     spec = sampling_spec(steps, sampler, spacing, eta, guidance)
-    source = checkpoint_source(workdir, checkpoint)
+    source = checkpoint_source(workdir, checkpoint, pretrained)
     from ddim.sampling.outputs import check_sample_folder
 
     if not list_classes:
@@ -73,7 +76,7 @@ def sample(
     started = time.perf_counter()
     with user_errors():
         pipe = load(source)
-        typer.echo(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})", err=True)
+        typer.echo(describe_source(pipe), err=True)
         if list_classes:
             typer.echo(describe_classes(pipe))
             return

@@ -13,6 +13,7 @@ from ddim.cli.app import (
     checkpoint_source,
     compilation_cache_option,
     fail,
+    pretrained_option,
     require_positive,
     setup_runtime,
     user_errors,
@@ -24,6 +25,7 @@ from ddim.cli.app import (
 def serve(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but localhost exposes the page (a warning says so)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port to listen on (default: 7860, or the next free one if it is taken)."),
     max_images: int = typer.Option(64, "--max-images", help="Most images one request may ask for."),
@@ -42,7 +44,7 @@ def serve(
 
     if not gradio_available():
         fail(INSTALL_HINT)
-    source = checkpoint_source(workdir, checkpoint)
+    source = checkpoint_source(workdir, checkpoint, pretrained)
     setup_runtime(compilation_cache)
     from ddim.ui.server import serve as run_server
     from ddim.ui.workbench import Limits

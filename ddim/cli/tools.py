@@ -23,10 +23,12 @@ from ddim.cli.app import (
     checkpoint_source,
     class_option,
     compilation_cache_option,
+    describe_source,
     eta_option,
     fail,
     guidance_option,
     overwrite_option,
+    pretrained_option,
     require_positive,
     sampler_option,
     sampling_spec,
@@ -72,13 +74,14 @@ def _notices() -> Iterator[None]:
                     typer.echo(f"note: {warning.message}", err=True)
 
 
-def _load(workdir: Optional[Path], checkpoint: Optional[Path], compilation_cache: Optional[str]):
-    source = checkpoint_source(workdir, checkpoint)
+def _load(workdir: Optional[Path], checkpoint: Optional[Path], pretrained: Optional[str],
+          compilation_cache: Optional[str]):
+    source = checkpoint_source(workdir, checkpoint, pretrained)
     setup_runtime(compilation_cache)
     from ddim.sampling import load
 
     pipe = load(source)
-    typer.echo(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})", err=True)
+    typer.echo(describe_source(pipe), err=True)
     return pipe
 
 
@@ -109,6 +112,7 @@ def invert(
     out: Path = typer.Option(Path("latents.npz"), "--out", "-o", help="Output .npz file (latents, files, steps, spacing)."),
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
     spacing: str = spacing_option(),
     batch_size: int = batch_size_option(),
@@ -125,7 +129,7 @@ def invert(
     _check_inputs(images)
     with user_errors():
         _check_out_file(out, overwrite)
-        pipe = _load(workdir, checkpoint, compilation_cache)
+        pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         import numpy as np
 
         with _notices():
@@ -145,6 +149,7 @@ def reconstruct(
     out: Path = typer.Option(Path("reconstructions"), "--out", "-o", help="Output directory (<name>.png, comparison.png)."),
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
     spacing: str = spacing_option(),
     batch_size: int = batch_size_option(),
@@ -164,7 +169,7 @@ def reconstruct(
 
     with user_errors():
         prepare_output_dir(out, names + ["comparison.png"], overwrite)
-        pipe = _load(workdir, checkpoint, compilation_cache)
+        pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         import numpy as np
 
         from ddim.images import make_grid, save_png
@@ -199,6 +204,7 @@ def interpolate(
     out: Path = typer.Option(Path("interpolation"), "--out", "-o", help="Output directory (NNNN.png, interpolation.gif)."),
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
     spacing: str = spacing_option(),
     batch_size: int = batch_size_option(),
@@ -217,7 +223,7 @@ def interpolate(
     names = [f"{i:04d}.png" for i in range(frames)]
     with user_errors():
         prepare_output_dir(out, names + ["interpolation.gif"], overwrite)
-        pipe = _load(workdir, checkpoint, compilation_cache)
+        pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         from ddim.images import save_gif, save_png
 
         latents = []
@@ -247,6 +253,7 @@ def edit(
     out: Path = typer.Option(Path("edits"), "--out", "-o", help="Output directory (<name>.png)."),
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help="Network calls from --strength down to a clean image."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the added noise."),
     sampler: str = sampler_option(),
@@ -268,7 +275,7 @@ def edit(
 
     with user_errors():
         prepare_output_dir(out, names, overwrite)
-        pipe = _load(workdir, checkpoint, compilation_cache)
+        pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         from ddim.images import save_png
 
         started = time.perf_counter()
@@ -287,6 +294,7 @@ def inpaint(
     out: Path = typer.Option(Path("inpainted"), "--out", "-o", help="Output directory (<name>.png)."),
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
+    pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the filled region."),
     sampler: str = sampler_option(),
@@ -308,7 +316,7 @@ def inpaint(
     with user_errors():
         mask_pixels = read_mask(mask)
         prepare_output_dir(out, names, overwrite)
-        pipe = _load(workdir, checkpoint, compilation_cache)
+        pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         from ddim.images import save_png
 
         with _notices():

@@ -58,13 +58,15 @@ class Pipeline:
     a ``ValueError`` whose one sentence says what is wrong.
     """
 
-    def __init__(self, config: Config, variables: dict[str, Any], step: int | None = None, path: Path | None = None):
+    def __init__(self, config: Config, variables: dict[str, Any], step: int | None = None, path: Path | None = None,
+                 pretrained: str | None = None):
         self.config = config
         self.model = DiffusionModel(config.model)
         self.class_space = ClassSpace.of(config.model)
         self.variables = variables
         self.step = step
         self.path = path
+        self.pretrained = pretrained  # the bundled model's name (ddim.load("pretrained:NAME")), else None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -264,19 +266,31 @@ class Pipeline:
         return to_uint8(floats)
 
     def __repr__(self) -> str:
-        return f"Pipeline(name={self.config.name!r}, step={self.step}, path={str(self.path)!r})"
+        bundled = f", pretrained={self.pretrained!r}" if self.pretrained else ""
+        return f"Pipeline(name={self.config.name!r}, step={self.step}, path={str(self.path)!r}{bundled})"
 
 
 def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] | None = None) -> Pipeline:
-    """Load a pipeline from a work directory, its ``checkpoints`` folder or a checkpoint step dir.
+    """Load a pipeline from a work directory, its ``checkpoints`` folder, a checkpoint step dir, or
+    ``"pretrained:NAME"``, a model bundled with the package (``ddim pretrained`` lists them).
 
     Needs nothing but the checkpoint: the config stored beside the weights
     rebuilds the model. Without a step (none given, no step directory named),
     the newest intact checkpoint is used: a damaged newer one is skipped with
     a one-line warning through ``warn`` (default: stderr) and set aside when
-    no training run owns the directory. Raises
-    :class:`ddim.checkpoint.CheckpointError`, also for a damaged named step.
+    no training run owns the directory. A bundled model's weights are checked
+    against their SHA-256. Raises :class:`ddim.checkpoint.CheckpointError`,
+    also for a damaged named step, an unknown bundled model or one whose
+    weights were changed.
     """
+    from ddim.pretrained.registry import load_pretrained, pretrained_name
+
+    name = pretrained_name(path)
+    if name is not None:
+        if step is not None:
+            raise InputError(f"a bundled model has one step; leave out step (got {step}) with {path!r}")
+        loaded = load_pretrained(name)
+        return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path, pretrained=name)
     from ddim.checkpoint import load_ema
 
     loaded = load_ema(path, step, warn)

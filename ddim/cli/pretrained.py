@@ -1,0 +1,89 @@
+"""``ddim pretrained``: list the models bundled with ddim (the default), or ``export`` a checkpoint as one.
+
+Thin wrappers over :mod:`ddim.pretrained` (JAX loads only to export).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ddim.cli.app import app, user_errors
+
+pretrained_app = typer.Typer(
+    no_args_is_help=False,
+    help="Models bundled with ddim: list them (the default) or export a checkpoint as one.",
+)
+app.add_typer(pretrained_app, name="pretrained")
+
+
+@pretrained_app.callback(invoke_without_command=True)
+def pretrained(ctx: typer.Context):
+    """Models bundled with ddim: list them (the default), or export a checkpoint as one.
+
+    Use one with --pretrained NAME (sample, eval, serve, the tools) or ddim.load("pretrained:NAME").
+    """
+    if ctx.invoked_subcommand is None:
+        list_models(as_json=False)
+
+
+@pretrained_app.command("list")
+def list_models(as_json: bool = typer.Option(False, "--json", help="One JSON object per model: name, "
+                                             "directory, sha256, bytes, parameters, record.")):
+    """List the bundled models with their training records (the first is the default)."""
+    from ddim.pretrained import available, bundled_root, describe
+
+    with user_errors():
+        models = available()
+    if as_json:
+        for model in models:
+            typer.echo(json.dumps({"name": model.name, "directory": str(model.directory), "sha256": model.sha256,
+                                   "bytes": model.bytes, "parameters": model.parameters, "record": model.record}))
+        return
+    if not models:
+        typer.echo(f"no bundled models in {bundled_root()} (export one: ddim pretrained export --checkpoint RUN "
+                   "--name NAME)")
+        return
+    for number, model in enumerate(models):
+        lines = describe(model)
+        if number == 0:
+            lines[0] += " (default)"
+        typer.echo("\n".join(lines))
+
+
+@pretrained_app.command("export")
+def export(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="A work directory (its newest intact checkpoint) "
+                                    "or a checkpoint step directory."),
+    name: str = typer.Option(..., "--name", help="The model's name: its directory and pretrained:NAME."),
+    fid: Optional[float] = typer.Option(None, "--fid", help="The FID measured of this checkpoint (needs "
+                                        "--fid-protocol); default: read from the work directory's eval.jsonl."),
+    fid_protocol: Optional[str] = typer.Option(None, "--fid-protocol", help="How --fid was measured (samples, "
+                                               "steps, sampler, real images, network)."),
+    eval_file: Optional[Path] = typer.Option(None, "--eval-file", help="The eval.jsonl to take the FID from "
+                                             "(default: the work directory's)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="What it was trained on, e.g. '1x NVIDIA "
+                                           "H100' (recorded as given; not recorded otherwise)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="How it was trained, e.g. the train command "
+                                         "line (recorded as given)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory of bundled models to write NAME/ into "
+                                       "(default: the package's ddim/pretrained/, or $DDIM_PRETRAINED_DIR)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle of that name."),
+):
+    """Bundle a checkpoint's EMA weights, config and training record as a model shipped with ddim."""
+    from ddim.pretrained import describe, export_checkpoint
+
+    with user_errors():
+        manifest = export_checkpoint(
+            checkpoint, name, root=out, fid=fid, fid_protocol=fid_protocol, eval_file=eval_file,
+            hardware=hardware, recipe=recipe, overwrite=overwrite,
+            warn=lambda line: typer.echo(line, err=True),
+        )
+    if manifest.record.get("fid") is None:
+        typer.echo(f"warning: no FID recorded: none measured at step {manifest.record['steps']} (run ddim eval on "
+                   "the checkpoint first, or pass --fid with --fid-protocol)", err=True)
+    typer.echo("\n".join(describe(manifest)))
+    typer.echo(f"wrote {manifest.directory}")

@@ -1,0 +1,59 @@
+"""A checkpoint -> a bundled model: its EMA weights, config and training record (``ddim pretrained export``).
+
+The weights are exactly the checkpoint's (float32, the variables
+:func:`ddim.checkpoint.load_ema` gives), so the bundle samples the same pixels.
+Paths of the training machine (the TFDS and cache directories, the KID
+weights) are cleared from the stored config: they mean nothing elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Callable
+
+from ddim.checkpoint.ema import load_ema
+from ddim.config import Config
+from ddim.pretrained.bundle import Manifest, write_bundle
+from ddim.pretrained.record import fid_from_eval_file, given_fid, training_record, workdir_eval_file
+from ddim.pretrained.registry import bundled_root, check_name
+
+
+def portable_config(config: Config) -> Config:
+    """``config`` without the paths of the machine it was trained on."""
+    data = dataclasses.replace(config.data, data_dir="", cache_dir="")
+    train = dataclasses.replace(config.train, inception_weights="")
+    return dataclasses.replace(config, data=data, train=train)
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike,
+    name: str,
+    *,
+    root: str | os.PathLike | None = None,
+    fid: float | None = None,
+    fid_protocol: str | None = None,
+    eval_file: str | os.PathLike | None = None,
+    hardware: str | None = None,
+    recipe: str | None = None,
+    overwrite: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> Manifest:
+    """Bundle the newest intact checkpoint of ``checkpoint`` (a work directory or a step directory) as ``root/name``.
+
+    ``root`` defaults to :func:`~ddim.pretrained.registry.bundled_root` (the
+    package's ``ddim/pretrained/``). The FID is ``fid`` with ``fid_protocol``
+    (how it was measured) when given, else read from ``eval_file`` (default: the
+    work directory's ``eval.jsonl``), else ``None``: never made up.
+    ``hardware`` and ``recipe`` are the user's words, recorded as given.
+    """
+    check_name(name)
+    measured = given_fid(fid, fid_protocol) if fid is not None else None
+    loaded = load_ema(checkpoint, warn=warn)
+    if measured is None:
+        source = Path(eval_file) if eval_file is not None else workdir_eval_file(loaded.path)
+        measured = fid_from_eval_file(source, loaded.path, loaded.step, loaded.config.name)
+    record = training_record(loaded.config, loaded.step, loaded.path, fid=measured, hardware=hardware, recipe=recipe)
+    return write_bundle(root if root is not None else bundled_root(), name, portable_config(loaded.config),
+                        loaded.variables, record, overwrite=overwrite)

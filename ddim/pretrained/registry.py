@@ -1,0 +1,97 @@
+"""Which models are bundled: the directories beside this module that hold a ``model.json``.
+
+``ddim.load("pretrained:NAME")`` and ``--pretrained NAME`` name one; the first
+by name is the default, which ``ddim sample`` falls back to when there is no
+run under ``runs/``. ``$DDIM_PRETRAINED_DIR`` replaces the package's own
+directory (models kept elsewhere; the tests). JAX-free: the CLI lists models
+without loading any.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ddim.pretrained.bundle import MANIFEST, Manifest, read_manifest
+from ddim.pretrained.errors import PretrainedError
+
+PREFIX = "pretrained:"
+ENV = "DDIM_PRETRAINED_DIR"
+PACKAGE_ROOT = Path(__file__).parent
+"""Where the package's own bundled models lie (``ddim/pretrained/<name>/``)."""
+NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+"""A model's name: it is a directory and follows ``pretrained:``."""
+
+
+def bundled_root() -> Path:
+    """The directory of bundled models: ``$DDIM_PRETRAINED_DIR``, else the package's own."""
+    override = os.environ.get(ENV, "").strip()
+    return Path(override).expanduser() if override else PACKAGE_ROOT
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise PretrainedError(f"{name!r} is not a model name (lower-case letters, digits, '-', '_' and '.', "
+                              "starting with a letter or digit)")
+    return name
+
+
+def available(root: str | os.PathLike | None = None) -> list[Manifest]:
+    """The bundled models in ``root`` (default :func:`bundled_root`), by name."""
+    root = Path(root) if root is not None else bundled_root()
+    try:
+        directories = sorted(p for p in root.iterdir() if p.is_dir() and (p / MANIFEST).is_file())
+    except FileNotFoundError:
+        return []
+    return [read_manifest(directory) for directory in directories if NAME.fullmatch(directory.name)]
+
+
+def find(name: str, root: str | os.PathLike | None = None) -> Manifest:
+    """The bundled model ``name``; an unknown name is one line listing the models there are."""
+    root = Path(root) if root is not None else bundled_root()
+    check_name(name)
+    if not (root / name / MANIFEST).is_file():
+        names = [manifest.name for manifest in available(root)]
+        there = f"available: {', '.join(names)}" if names else "none is bundled with this installation"
+        raise PretrainedError(f"no bundled model named {name!r} ({there})")
+    return read_manifest(root / name)
+
+
+def default_model(root: str | os.PathLike | None = None) -> Manifest | None:
+    """The model used when none is named (the first by name), or None when none is bundled."""
+    models = available(root)
+    return models[0] if models else None
+
+
+def pretrained_name(source: Any) -> str | None:
+    """``NAME`` when ``source`` is the string ``"pretrained:NAME"``, else None (a path)."""
+    if isinstance(source, str) and source.startswith(PREFIX):
+        return source[len(PREFIX):]
+    return None
+
+
+def source_of(name: str) -> str:
+    """The source string of a bundled model, as :func:`ddim.load` takes it."""
+    return PREFIX + name
+
+
+def load_pretrained(name: str, root: str | os.PathLike | None = None):
+    """The config and variables of the bundled model ``name``, checked, as a
+    :class:`ddim.checkpoint.LoadedCheckpoint` (its step is the training step, its path the bundle).
+
+    Raises :class:`PretrainedError` for an unknown name or weights that do not
+    match their SHA-256, and :class:`ddim.checkpoint.CheckpointError` for weights
+    that do not fit the config.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from ddim.checkpoint.ema import LoadedCheckpoint, check_fits_config
+    from ddim.pretrained.bundle import read_variables
+
+    manifest = find(name, root)
+    variables = jax.tree.map(jnp.asarray, read_variables(manifest))
+    check_fits_config(manifest.config, variables, manifest.directory)
+    return LoadedCheckpoint(manifest.config, variables, manifest.record.get("steps"), manifest.directory)

@@ -1,0 +1,305 @@
+"""Bundled models (ddim/pretrained/): export -> load round trip, hash check, registry, CLI flags and fallback.
+
+Built on the tiny trained checkpoint of conftest; the last test runs over every
+model really bundled in the package (none until the real weights are committed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import hashlib
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import ddim
+from ddim.errors import InputError
+from ddim.pretrained import (
+    ENV,
+    MAX_BYTES,
+    PACKAGE_ROOT,
+    PretrainedError,
+    available,
+    bundled_root,
+    default_model,
+    export_checkpoint,
+    find,
+    read_manifest,
+)
+from ddim.pretrained import bundle as bundle_module
+from ddim.pretrained.record import fid_from_eval_file
+from tests.conftest import REPO
+from tests.test_cli import assert_one_line_error, invoke
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+NAME = "tiny16"
+
+
+@pytest.fixture(scope="module")
+def bundles(trained_workdir, tmp_path_factory):
+    """A directory of bundled models holding ``tiny16``, exported from the tiny checkpoint (step 6)."""
+    root = tmp_path_factory.mktemp("bundles")
+    export_checkpoint(trained_workdir, NAME, root=root, hardware="a 2-core CPU", recipe="smoke + tests' TINY")
+    return root
+
+
+@pytest.fixture
+def use_bundles(bundles, monkeypatch):
+    """Point the registry (``pretrained:NAME``, ``--pretrained``, the fallback) at ``bundles``."""
+    monkeypatch.setenv(ENV, str(bundles))
+    return bundles
+
+
+def copy_bundles(bundles, tmp_path):
+    root = tmp_path / "bundles"
+    shutil.copytree(bundles, root)
+    return root
+
+
+# --- the format and the round trip -------------------------------------------------------------------
+
+
+def test_export_then_load_gives_the_checkpoints_pixels_bit_for_bit(trained_workdir, use_bundles):
+    from_checkpoint = ddim.load(trained_workdir)
+    bundled = ddim.load(f"pretrained:{NAME}")
+    assert bundled.pretrained == NAME and bundled.step == from_checkpoint.step == 6
+    assert bundled.path == use_bundles / NAME and bundled.config.model == from_checkpoint.config.model
+    for ours, theirs in zip(*(map(np.asarray, ddim_leaves(p.variables)) for p in (bundled, from_checkpoint))):
+        assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+    for kwargs in ({"steps": 2, "seed": 3}, {"steps": 3, "seed": 0, "sampler": "dpmpp-2m", "eta": None}):
+        np.testing.assert_array_equal(bundled.generate(3, **kwargs), from_checkpoint.generate(3, **kwargs))
+
+
+def ddim_leaves(variables):
+    import jax
+
+    return jax.tree.leaves(variables)
+
+
+def test_the_bundle_holds_safetensors_weights_a_manifest_and_a_factual_record(bundles, trained_workdir):
+    manifest = read_manifest(bundles / NAME)
+    assert sorted(p.name for p in (bundles / NAME).iterdir()) == ["model.json", "weights.safetensors"]
+    data = (bundles / NAME / "weights.safetensors").read_bytes()
+    assert manifest.sha256 == hashlib.sha256(data).hexdigest() and manifest.bytes == len(data) <= MAX_BYTES
+    from safetensors.numpy import load
+
+    keys = load(data).keys()
+    assert {key.split("/")[0] for key in keys} == {"params", "batch_stats"}
+    assert "batch_stats/normalizer/mean" in keys  # the normaliser's statistics travel with the weights
+    assert manifest.parameters == sum(v.size for k, v in load(data).items() if k.startswith("params/"))
+    record = manifest.record
+    assert record["config"] == "smoke" and record["steps"] == 6 and record["images_seen"] == 6 * 8
+    assert record["hardware"] == "a 2-core CPU" and record["recipe"] == "smoke + tests' TINY"
+    assert record["fid"] is None  # nothing measured it: nothing is recorded
+    assert record["checkpoint"] == str(trained_workdir / "checkpoints" / "6")
+    assert datetime.date.fromisoformat(record["checkpoint_date"]) <= datetime.date.fromisoformat(record["exported"])
+    # The training machine's paths are not shipped.
+    assert manifest.config.data.data_dir == manifest.config.data.cache_dir == ""
+
+
+def test_the_fid_comes_from_eval_jsonl_or_is_passed_in_with_its_protocol(trained_workdir, tmp_path):
+    step_dir = trained_workdir / "checkpoints" / "6"
+    base = {"step": 6, "config": "smoke", "num": 100, "steps": 20, "eta": 0.0, "seed": 0, "real_num": 50,
+            "split": "val", "fid_feature_net": "fid-inception", "time": "t"}
+    lines = [
+        {**base, "checkpoint": str(step_dir), "fid": 30.0, "sampler": "ddim", "spacing": "uniform"},
+        {**base, "checkpoint": str(step_dir), "fid": 20.0, "sampler": "dpmpp-2m", "spacing": "logsnr"},
+        {**base, "checkpoint": "/elsewhere/checkpoints/6", "fid": 10.0, "sampler": "ddim", "spacing": "uniform"},
+        {**base, "checkpoint": str(step_dir), "fid": 5.0, "step": 4, "sampler": "ddim", "spacing": "uniform"},
+        {**base, "checkpoint": str(step_dir), "fid": 4.0, "config": "other", "sampler": "ddim"},
+    ]
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    # This step directory's line with ddim sample's default sampler, not another run's, step's or config's.
+    found = fid_from_eval_file(eval_file, step_dir, 6, "smoke")
+    assert found["value"] == 30.0 and found["eval"] == lines[0]
+    assert "100 samples of 20 ddim steps" in found["protocol"] and "50 real images (val split)" in found["protocol"]
+    assert fid_from_eval_file(eval_file, step_dir, 5, "smoke") is None
+    assert fid_from_eval_file(tmp_path / "missing.jsonl", step_dir, 6, "smoke") is None
+
+    manifest = export_checkpoint(trained_workdir, "from-eval", root=tmp_path / "b", eval_file=eval_file)
+    assert manifest.record["fid"]["value"] == 30.0
+    manifest = export_checkpoint(trained_workdir, "given", root=tmp_path / "b", fid=28.1,
+                                 fid_protocol="5000 samples, 20 steps, standard FID Inception")
+    assert manifest.record["fid"] == {"value": 28.1, "protocol": "5000 samples, 20 steps, standard FID Inception",
+                                      "eval": None}
+    with pytest.raises(InputError, match="--fid-protocol"):
+        export_checkpoint(trained_workdir, "bare", root=tmp_path / "b", fid=28.1)
+    assert not (tmp_path / "b" / "bare").exists()
+
+
+def test_changed_weights_are_refused_by_their_sha256(bundles, tmp_path, monkeypatch):
+    root = copy_bundles(bundles, tmp_path)
+    weights = root / NAME / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    monkeypatch.setenv(ENV, str(root))
+    with pytest.raises(PretrainedError, match=r"do not match their SHA-256 .*damaged or was changed"):
+        ddim.load(f"pretrained:{NAME}")
+    assert_one_line_error(invoke("sample", "--pretrained", NAME, "--out", tmp_path / "out"), "SHA-256")
+
+
+def test_bad_bundles_and_exports_are_one_line_errors(bundles, trained_workdir, tmp_path, monkeypatch):
+    root = copy_bundles(bundles, tmp_path)
+    manifest_file = root / NAME / "model.json"
+    values = json.loads(manifest_file.read_text())
+    manifest_file.write_text(json.dumps({**values, "format": 99}))
+    with pytest.raises(PretrainedError, match="not a bundled-model manifest of format 1"):
+        find(NAME, root)
+    manifest_file.write_text(json.dumps({**values, "name": "other"}))
+    with pytest.raises(PretrainedError, match="names the model 'other'"):
+        find(NAME, root)
+    del values["sha256"]
+    manifest_file.write_text(json.dumps(values))
+    with pytest.raises(PretrainedError, match="lacks the field 'sha256'"):
+        find(NAME, root)
+
+    with pytest.raises(PretrainedError, match="already exists; use --overwrite"):
+        export_checkpoint(trained_workdir, NAME, root=bundles)
+    with pytest.raises(PretrainedError, match="is not a model name"):
+        export_checkpoint(trained_workdir, "Flowers 32", root=tmp_path)
+    monkeypatch.setattr(bundle_module, "MAX_BYTES", 1000)
+    with pytest.raises(PretrainedError, match="over the 0.001 MB a bundled model may take"):
+        export_checkpoint(trained_workdir, "big", root=tmp_path / "small")
+    assert not (tmp_path / "small" / "big").exists()
+    with pytest.raises(InputError, match="a bundled model has one step"):
+        ddim.load(f"pretrained:{NAME}", step=4)
+
+
+def test_the_registry_scans_a_directory_of_exported_models(bundles, tmp_path, monkeypatch):
+    root = copy_bundles(bundles, tmp_path)
+    (root / "notes").mkdir()  # a folder without model.json is no model
+    (root / ".tiny16.tmp").mkdir()  # nor is an unfinished export
+    shutil.copytree(root / NAME, root / "another")
+    manifest_file = root / "another" / "model.json"
+    manifest_file.write_text(json.dumps({**json.loads(manifest_file.read_text()), "name": "another"}))
+    assert [m.name for m in available(root)] == ["another", NAME]
+    assert default_model(root).name == "another"  # the first by name
+    with pytest.raises(PretrainedError, match=r"no bundled model named 'flowers32' \(available: another, tiny16\)"):
+        find("flowers32", root)
+    assert available(tmp_path / "nowhere") == [] and default_model(tmp_path / "nowhere") is None
+    monkeypatch.setenv(ENV, str(root))
+    assert bundled_root() == root
+    monkeypatch.delenv(ENV)
+    assert bundled_root() == PACKAGE_ROOT
+
+
+def test_the_bundle_files_are_package_data_of_the_wheel(bundles):
+    """pyproject's package-data patterns take every file of a bundle (pip wheel . lists them too)."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["ddim.pretrained"]
+    assert PACKAGE_ROOT == REPO / "ddim" / "pretrained"
+    for path in (bundles / NAME).iterdir():
+        relative = f"{NAME}/{path.name}"
+        assert any(fnmatch.fnmatch(relative, pattern) for pattern in patterns), relative
+
+
+# --- the command line ----------------------------------------------------------------------------------
+
+
+def test_pretrained_lists_the_bundled_models_with_their_records(use_bundles, tmp_path, monkeypatch):
+    result = invoke("pretrained")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].startswith(f"{NAME}: 16x16 images, ") and "(default)" in result.output
+    assert "config smoke, 6 steps, 48 images seen, on a 2-core CPU" in result.output
+    assert "FID: not measured" in result.output
+    result = invoke("pretrained", "list", "--json")
+    assert result.exit_code == 0 and json.loads(result.output)["record"]["steps"] == 6
+    monkeypatch.setenv(ENV, str(tmp_path / "none"))
+    assert "no bundled models" in invoke("pretrained").output
+
+
+def test_pretrained_export_command(trained_workdir, tmp_path):
+    out = tmp_path / "bundles"
+    result = invoke("pretrained", "export", "--checkpoint", trained_workdir / "checkpoints" / "4", "--name",
+                    "flowers-test", "--out", out, "--hardware", "CPU")
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out / 'flowers-test'}" in result.output and "warning: no FID recorded" in result.output
+    assert read_manifest(out / "flowers-test").record["steps"] == 4
+    assert_one_line_error(invoke("pretrained", "export", "--checkpoint", trained_workdir, "--name", "x", "--out",
+                                 out, "--fid", "28.1"), "--fid-protocol")
+    assert_one_line_error(invoke("pretrained", "export", "--checkpoint", tmp_path / "typo", "--name", "x",
+                                 "--out", out), "does not exist")
+
+
+def test_sample_with_pretrained_matches_the_checkpoint(trained_workdir, use_bundles, tmp_path):
+    result = invoke("sample", "--pretrained", NAME, "--steps", 2, "--num", 2, "--out", tmp_path / "a")
+    assert result.exit_code == 0, result.output
+    assert f"bundled model {NAME} (step 6, config smoke" in result.output
+    result = invoke("sample", "--workdir", trained_workdir, "--steps", 2, "--num", 2, "--out", tmp_path / "b")
+    assert result.exit_code == 0, result.output
+    for name in ("0000.png", "0001.png", "grid.png"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_a_tool_with_pretrained(use_bundles, tmp_path):
+    image = tmp_path / "a.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(image)
+    result = invoke("reconstruct", image, "--pretrained", NAME, "--steps", 2, "--out", tmp_path / "rec")
+    assert result.exit_code == 0, result.output
+    assert f"bundled model {NAME}" in result.output and (tmp_path / "rec" / "comparison.png").is_file()
+
+
+@pytest.mark.parametrize("command", [
+    ["sample"], ["eval"], ["serve"], ["invert", "a.png"], ["reconstruct", "a.png"],
+    ["interpolate", "--from", "1", "--to", "2"], ["edit", "a.png"], ["inpaint", "a.png", "--mask", "a.png"],
+])
+def test_pretrained_excludes_workdir_and_checkpoint_and_names_a_known_model(command, use_bundles, tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "a.png")
+    for other in (["--workdir", "runs/x"], ["--checkpoint", "runs/x/checkpoints/4"]):
+        assert_one_line_error(invoke(*command, "--pretrained", NAME, *other),
+                              "--pretrained names a bundled model: leave out --workdir and --checkpoint", code=2)
+    assert_one_line_error(invoke(*command, "--pretrained", "flowers32"),
+                          f"no bundled model named 'flowers32' (available: {NAME})")
+
+
+def test_eval_of_a_bundled_model_writes_into_runs_not_the_package():
+    from ddim.cli.app import pretrained_workdir
+
+    assert str(pretrained_workdir(f"pretrained:{NAME}")) == f"runs/pretrained-{NAME}"
+    assert pretrained_workdir(REPO / "runs" / "x") is None
+
+
+def test_sample_falls_back_to_the_bundled_model_without_runs(use_bundles, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("sample", "--steps", 1, "--num", 2, "--out", "samples", "--no-grid")
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if "bundled model" in line]
+    assert notes[0] == (f"no checkpoints under runs/: using the bundled model {NAME} (`ddim pretrained` lists "
+                        "them; --workdir or --checkpoint picks a run)")
+    assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["0000.png", "0001.png"]
+    monkeypatch.setenv(ENV, str(tmp_path / "no-bundles"))
+    assert_one_line_error(invoke("sample", "--out", "x"), "no checkpoints found under runs/")
+
+
+# --- the models really bundled in the package ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [manifest.name for manifest in available(PACKAGE_ROOT)])
+def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    manifest = find(name, PACKAGE_ROOT)
+    assert hashlib.sha256(manifest.weights.read_bytes()).hexdigest() == manifest.sha256
+    assert manifest.bytes == manifest.weights.stat().st_size <= MAX_BYTES
+    record = manifest.record
+    assert record["steps"] > 0 and record["images_seen"] == record["steps"] * record["batch_size"]
+    assert record["hardware"], "a shipped model says what it was trained on"
+    assert record["fid"] and record["fid"]["value"] > 0 and record["fid"]["protocol"], "a shipped model has its FID"
+    pipe = ddim.load(f"pretrained:{name}")
+    images = pipe.generate(2, steps=2, seed=0)
+    size = manifest.config.model.image_size
+    assert images.shape == (2, size, size, manifest.config.model.channels) and images.dtype == np.uint8
+    assert images.std() > 0
