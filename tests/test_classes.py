@@ -148,6 +148,11 @@ def test_interpolation_between_two_classes_ends_as_generate_with_each_class(pipe
     guided = pipe.interpolate(a, b, 4, steps=2, classes=["daisy", "sunflower"], guidance=3.0)
     generated = pipe.generate(latents=np.stack([a, a, b, b]), steps=2, classes=classes, guidance=3.0)
     np.testing.assert_array_equal(guided[[0, -1]], generated[[0, -1]])
+    # A class mix is a cond like any other: every sampler takes it (here at weight 1, the end class itself).
+    latents = np.stack([a, b])
+    mixed = {"label": np.array([2, 2]), "label_to": np.array([1, 1]), "label_mix": np.ones(2, np.float32)}
+    np.testing.assert_array_equal(pipe.generate(latents=latents, steps=3, sampler="dpmpp-2m", cond=mixed),
+                                  pipe.generate(latents=latents, steps=3, sampler="dpmpp-2m", classes="sunflower"))
 
 
 @pytest.mark.slow
