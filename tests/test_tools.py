@@ -260,5 +260,5 @@ def test_an_unconditional_checkpoint_refuses_classes_and_guidance_in_every_tool(
     ]
     for index, (args, text) in enumerate(refusals):
         out = tmp_path / ("out.npz" if args[0] == "invert" else f"out{index}")
-        assert_one_line_error(invoke(*args, "--out", out, *common),
-                              f"this model is not class-conditional (trained without model.class_conditional), so it {text}")
+        refusal = f"this model is not class-conditional (trained without model.class_conditional), so it {text}"
+        assert_one_line_error(invoke(*args, "--out", out, *common), refusal)
