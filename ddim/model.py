@@ -66,7 +66,9 @@ class DiffusionModel(nn.Module):
         """Predict ``(noises, images)`` from noisy images at known rates (DDIM eq. 12's x_0 estimate).
 
         ``cond`` is the conditioning pytree the verbs carry: ``"label"`` (class
-        ids, ``(B,)``) for a class-conditional network, and ``"guidance"``
+        ids, ``(B,)``) for a class-conditional network, optionally with
+        ``"label_to"`` and ``"label_mix"`` (a mix of two classes, as
+        :class:`ddim.nn.ClassEmbedding` reads them), and ``"guidance"``
         (``(B,)`` scales) for classifier-free guidance, :func:`guided_outputs`.
         """
         if cond is not None and "guidance" in cond:
@@ -84,10 +86,11 @@ class DiffusionModel(nn.Module):
         ``s = 1`` gives the conditional output exactly and ``s = 0`` the
         unconditional one. Both predictions are affine in the output with the
         same coefficients, so guiding the output guides the noise and the image.
+        A mix of two classes (``"label_to"``, ``"label_mix"``) is the
+        conditional half's; the unconditional half is the null class alone.
         """
         doubled = jnp.concatenate([noisy_images, noisy_images])
-        labels = jnp.concatenate([cond["label"], jnp.full_like(cond["label"], -1)])
-        both = self.network(doubled, jnp.concatenate([noise_rates, noise_rates]) ** 2, False, {"label": labels})
+        both = self.network(doubled, jnp.concatenate([noise_rates, noise_rates]) ** 2, False, with_null_class(cond))
         conditional, unconditional = jnp.split(both, 2)
         scale = jnp.asarray(cond["guidance"], jnp.float32).reshape(-1, 1, 1, 1)
         return conditional + (scale - 1.0) * (conditional - unconditional)
@@ -112,6 +115,16 @@ class DiffusionModel(nn.Module):
         batch = self.objective.noisy_batch(rng, images)
         outputs = self.network(batch.noisy_images, batch.noise_rates**2, train, cond)
         return batch, outputs
+
+
+def with_null_class(cond):
+    """The class part of ``cond`` for the doubled batch of guidance: its classes, then the null class (-1)."""
+    doubled = {"label": jnp.concatenate([cond["label"], jnp.full_like(cond["label"], -1)])}
+    if "label_to" in cond:
+        doubled["label_to"] = jnp.concatenate([cond["label_to"], jnp.full_like(cond["label_to"], -1)])
+        # Weight 0 on the null half: exactly the null vector, (1 - 0) e_null + 0 e_null.
+        doubled["label_mix"] = jnp.concatenate([cond["label_mix"], jnp.zeros_like(cond["label_mix"])])
+    return doubled
 
 
 def init_variables(model: DiffusionModel, rng):

@@ -219,6 +219,9 @@ def test_every_tool_command_end_to_end(trained_workdir, tmp_path):
         (["inpaint", "a.png", "--mask", "missing.png"], "mask missing.png does not exist", 1),
         (["interpolate", "--from", "1", "--to", "nope", "--frames", "4"], "--to 'nope' is neither a seed", 2),
         (["interpolate", "--from", "1", "--to", "2", "--frames", "1"], "--frames must be >= 2", 2),
+        (["interpolate", "--from", "1", "--to", "2", "--class", "a", "--class", "b", "--class", "c"],
+         "--class: give one class for the whole path, or two (a start and an end class), not 3", 2),
+        (["interpolate", "--from", "1", "--to", "2", "--guidance", "-1"], "--guidance must be >= 0", 2),
         (["reconstruct", "a.png", "sub/a.png"], "would both be written as a.png", 1),
     ],
 )
@@ -243,3 +246,19 @@ def test_tool_commands_report_unusable_files(trained_workdir, tmp_path):
                                  "--out", tmp_path / "o2", *common), "cannot read image")
     assert_one_line_error(invoke("inpaint", tmp_path / "a.png", "--mask", tmp_path / "wrong-size-mask.png",
                                  "--out", tmp_path / "o3", *common), "mask 0 is 8x8 but its image is 16x16")
+
+
+def test_an_unconditional_checkpoint_refuses_classes_and_guidance_in_every_tool(trained_workdir, tmp_path):
+    image = write_image(tmp_path / "a.png")
+    common = ["--workdir", trained_workdir, "--steps", 1]
+    refusals = [
+        (["interpolate", "--from", 1, "--to", 2, "--class", "daisy"], "takes no classes"),
+        (["interpolate", "--from", 1, "--to", 2, "--class", 0, "--class", 1], "takes no classes"),
+        (["interpolate", "--from", 1, "--to", 2, "--guidance", 2], "takes no guidance scale"),
+        (["invert", image, "--class", 0], "takes no classes"),
+        (["reconstruct", image, "--class", "daisy"], "takes no classes"),
+    ]
+    for index, (args, text) in enumerate(refusals):
+        out = tmp_path / ("out.npz" if args[0] == "invert" else f"out{index}")
+        refusal = f"this model is not class-conditional (trained without model.class_conditional), so it {text}"
+        assert_one_line_error(invoke(*args, "--out", out, *common), refusal)

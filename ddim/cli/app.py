@@ -169,9 +169,12 @@ def eta_option():
     return typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16).")
 
 
-def class_option():
-    return typer.Option([], "--class", help="Class-conditional checkpoints: a class name or id for every image, or "
-                        "repeated, one per image (default: drawn as the training data's classes are).")
+CLASS_HELP = ("Class-conditional checkpoints: a class name or id for every image, or repeated, one per image "
+              "(default: drawn as the training data's classes are).")
+
+
+def class_option(help: str = CLASS_HELP):
+    return typer.Option([], "--class", help=help)
 
 
 def guidance_option():

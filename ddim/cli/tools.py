@@ -39,6 +39,11 @@ from ddim.cli.app import (
 )
 
 STEPS_HELP = "Sampling steps (network calls per image); inversion and generation share the time grid."
+INVERSION_CLASS_HELP = ("Class-conditional checkpoints: the class to invert with (and to decode with), a name or id "
+                        "for every image, or repeated, one per image (default: the null class, no class).")
+INTERPOLATION_CLASS_HELP = ("Class-conditional checkpoints: the class of the whole path, or give it twice, a start "
+                            "and an end class, to move from one to the other (default: the null class, no class). "
+                            "An image end is inverted with its end's class.")
 
 
 def _check_inputs(paths: List[Path], what: str = "image") -> None:
@@ -115,14 +120,16 @@ def invert(
     pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
     spacing: str = spacing_option(),
+    classes: List[str] = class_option(INVERSION_CLASS_HELP),
     batch_size: int = batch_size_option(),
     overwrite: bool = overwrite_option("Replace an existing --out file."),
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Encode images to the latents DDIM regenerates them from (deterministic DDIM inversion, DDIM eq. 13).
 
-    `ddim sample`-style generation from these latents with the same --steps and --spacing reconstructs the
-    images; `ddim interpolate --from IMAGE` and the Python API use them.
+    `ddim sample`-style generation from these latents with the same --steps, --spacing and class reconstructs
+    the images; `ddim interpolate --from IMAGE` and the Python API use them. A class-conditional checkpoint
+    also stores each image's class id in the .npz (`classes`, -1 for the null class).
     """
     require_positive(steps=steps, batch_size=batch_size)
     spec = sampling_spec(steps, spacing=spacing)
@@ -132,12 +139,14 @@ def invert(
         pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         import numpy as np
 
+        ids = pipe.class_ids(classes, len(images)) if classes else None
         with _notices():
-            latents = pipe.invert(_read(pipe, images), batch_size=batch_size, spec=spec)
+            latents = pipe.invert(_read(pipe, images), batch_size=batch_size, spec=spec, classes=ids)
+        extra = {"classes": np.full(len(images), -1, np.int32) if ids is None else ids} if pipe.classes else {}
         tmp = out.with_name(f".{out.name}.tmp.npz")
         np.savez(
             tmp, latents=latents, files=np.array([str(p) for p in images]), steps=steps, spacing=spacing,
-            checkpoint=str(pipe.path), step=pipe.step if pipe.step is not None else -1,
+            checkpoint=str(pipe.path), step=pipe.step if pipe.step is not None else -1, **extra,
         )
         os.replace(tmp, out)
     typer.echo(f"wrote {len(images)} latents ({steps} steps, {spacing} spacing) to {out}")
@@ -152,6 +161,7 @@ def reconstruct(
     pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
     spacing: str = spacing_option(),
+    classes: List[str] = class_option(INVERSION_CLASS_HELP),
     batch_size: int = batch_size_option(),
     overwrite: bool = overwrite_option(),
     compilation_cache: Optional[str] = compilation_cache_option(),
@@ -175,7 +185,7 @@ def reconstruct(
         from ddim.images import make_grid, save_png
 
         with _notices():
-            result = pipe.reconstruct(_read(pipe, images), batch_size=batch_size, spec=spec)
+            result = pipe.reconstruct(_read(pipe, images), batch_size=batch_size, spec=spec, classes=classes or None)
         for image, name in zip(result.images, names):
             save_png(image, out / name)
         save_png(make_grid(np.concatenate([result.inputs, result.images]), rows=2), out / "comparison.png")
@@ -207,16 +217,25 @@ def interpolate(
     pretrained: Optional[str] = pretrained_option(),
     steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
     spacing: str = spacing_option(),
+    classes: List[str] = class_option(INTERPOLATION_CLASS_HELP),
+    guidance: Optional[float] = guidance_option(),
     batch_size: int = batch_size_option(),
     duration: int = typer.Option(120, "--frame-ms", help="Milliseconds per GIF frame."),
     overwrite: bool = overwrite_option(),
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
-    """Morph between two seeds or images: spherical interpolation of their latents, decoded with DDIM."""
+    """Morph between two seeds or images: spherical interpolation of their latents, decoded with DDIM.
+
+    A class-conditional checkpoint takes --class once (the class of every frame) or twice (a start and an end
+    class: the frames move from one to the other; --from and --to may then be the same seed), and --guidance.
+    """
     require_positive(steps=steps, batch_size=batch_size, frame_ms=duration)
     if frames < 2:
         fail(f"--frames must be >= 2 (got {frames})", code=2)
-    spec = sampling_spec(steps, spacing=spacing)
+    if len(classes) > 2:
+        fail(f"--class: give one class for the whole path, or two (a start and an end class), not {len(classes)}",
+             code=2)
+    spec = sampling_spec(steps, spacing=spacing, guidance=guidance)
     ends = [_endpoint(start, "--from"), _endpoint(end, "--to")]
     from ddim.images import prepare_output_dir
 
@@ -226,14 +245,17 @@ def interpolate(
         pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         from ddim.images import save_gif, save_png
 
+        # Checked before any inversion; an image end is inverted with the class its frame is decoded with.
+        end_classes = pipe.class_space.ends(classes or None, spec) or (None, None)
         latents = []
         with _notices():
-            for seed, path in ends:
+            for (seed, path), end_class in zip(ends, end_classes):
                 if seed is not None:
                     latents.append(pipe.latents(1, seed)[0])
                 else:
-                    latents.append(pipe.invert(_read(pipe, [path]), spec=spec)[0])
-            images = pipe.interpolate(latents[0], latents[1], frames, batch_size=batch_size, spec=spec)
+                    latents.append(pipe.invert(_read(pipe, [path]), spec=spec, classes=end_class)[0])
+            images = pipe.interpolate(latents[0], latents[1], frames, batch_size=batch_size, spec=spec,
+                                      classes=end_classes if classes else None)
         for image, name in zip(images, names):
             save_png(image, out / name)
         save_gif(images, out / "interpolation.gif", duration_ms=duration, overwrite=True)

@@ -30,15 +30,26 @@ class ClassEmbedding(nn.Module):
     ``labels`` are class ids; -1 (no class, or dropped for classifier-free
     guidance) and anything outside ``[0, num_classes)`` take the null class,
     the last row, so one network learns the conditional and the unconditional
-    prediction (Ho & Salimans 2022, Algorithm 1).
+    prediction (Ho & Salimans 2022, Algorithm 1). With ``labels_to`` and
+    ``mix`` (floats in [0, 1]) each image gets ``(1 - mix) e(labels) + mix
+    e(labels_to)``, a point on the segment between two classes' vectors: the
+    class path of an interpolation. Written so that ``mix`` 0 and 1 give
+    exactly the two classes' vectors. No parameters besides the table.
     """
 
     num_classes: int
     features: int
 
-    @nn.compact
-    def __call__(self, labels):
+    def ids(self, labels):
+        """``labels`` as rows of the table: out of range (and -1) is the null class."""
         labels = jnp.asarray(labels, jnp.int32)
-        ids = jnp.where((labels < 0) | (labels >= self.num_classes), self.num_classes, labels)
-        vectors = nn.Embed(self.num_classes + 1, self.features, name="table")(ids)
+        return jnp.where((labels < 0) | (labels >= self.num_classes), self.num_classes, labels)
+
+    @nn.compact
+    def __call__(self, labels, labels_to=None, mix=None):
+        table = nn.Embed(self.num_classes + 1, self.features, name="table")
+        vectors = table(self.ids(labels))
+        if labels_to is not None:
+            weights = jnp.asarray(mix, vectors.dtype)[:, None]
+            vectors = (1.0 - weights) * vectors + weights * table(self.ids(labels_to))
         return vectors[:, None, None, :]

@@ -30,8 +30,10 @@ class UNet(nn.Module):
     ``cond`` carries further conditioning (a pytree, as guided-diffusion's
     ``model_kwargs``): a class-conditional network reads ``cond["label"]``
     (``(B,)`` class ids, -1 for the null class; no ``cond`` means the null
-    class) and adds its :class:`ClassEmbedding` to the noise embedding, so the
-    class reaches every place the noise level does. Every hyperparameter comes
+    class), and with ``cond["label_to"]`` and ``cond["label_mix"]`` (``(B,)``
+    ids and weights in [0, 1]) a mix of two classes, and adds its
+    :class:`ClassEmbedding` to the noise embedding, so the class reaches every
+    place the noise level does. Every hyperparameter comes
     from ``config`` (a :class:`ddim.config.ModelConfig`).
     """
 
@@ -53,8 +55,10 @@ class UNet(nn.Module):
             noise_variances, c.embedding_dims, c.embedding_min_frequency, c.embedding_max_frequency
         )
         if c.class_conditional:
-            labels = cond["label"] if cond is not None and "label" in cond else jnp.full((batch,), -1, jnp.int32)
-            noise_embedding = noise_embedding + ClassEmbedding(c.num_classes, c.embedding_dims, name="classes")(labels)
+            cond = cond or {}
+            labels = cond["label"] if "label" in cond else jnp.full((batch,), -1, jnp.int32)
+            classes = ClassEmbedding(c.num_classes, c.embedding_dims, name="classes")
+            noise_embedding = noise_embedding + classes(labels, cond.get("label_to"), cond.get("label_mix"))
         block_embedding = None
         if c.embedding_injection == "every-block":
             # ADM's time embedding: an MLP of the sinusoidal features, shared by every block.

@@ -32,6 +32,13 @@ class ClassSpace:
         return InputError(f"this model is not class-conditional (trained without model.class_conditional), "
                           f"so it takes no {what}")
 
+    def _refuse_conditioning(self, classes, spec: SamplingSpec) -> None:
+        """An unconditional model's answer to classes or a guidance scale."""
+        if classes is not None:
+            raise self._refuse("classes")
+        if spec.guidance is not None:
+            raise self._refuse("guidance scale")
+
     def class_id(self, value) -> int:
         """The id of one class given by its id (an int or a string of digits) or its name (any case)."""
         if not self.conditional:
@@ -76,15 +83,74 @@ class ClassSpace:
         classes and a guidance scale, and gets ``cond`` back unchanged.
         """
         if not self.conditional:
-            if classes is not None:
-                raise self._refuse("classes")
-            if spec.guidance is not None:
-                raise self._refuse("guidance scale")
+            self._refuse_conditioning(classes, spec)
             return cond
         cond = dict(cond or {})
         if "label" not in cond:
             cond["label"] = self.resolve(classes, count, seed)
-        if spec.guidance is not None and spec.guidance != 1.0:
-            # Guidance 1 is the conditional prediction itself: no second (unconditional) half to compute.
-            cond["guidance"] = np.full(count, spec.guidance, np.float32)
+        return _with_guidance(cond, count, spec)
+
+    def given(self, count: int, classes, cond=None):
+        """``cond`` with the ids of ``classes`` (one for all ``count`` images, or one each) when given.
+
+        For the verbs that take a class only if asked (invert, reconstruct):
+        without ``classes``, ``cond`` comes back unchanged, which is the null
+        class (no class) for a class-conditional network.
+        """
+        if classes is None:
+            return cond
+        cond = dict(cond or {})
+        if "label" not in cond:
+            cond["label"] = self.resolve(classes, count)
         return cond
+
+    def ends(self, classes, spec: SamplingSpec) -> tuple[int, int] | None:
+        """The start and end class ids of an interpolation, or None for the null class along the whole path.
+
+        ``classes``: None, one name or id for the whole path, or a sequence of
+        one or two (start, end). A guidance scale needs a class to guide
+        towards; an unconditional model refuses classes and guidance.
+        """
+        if not self.conditional:
+            self._refuse_conditioning(classes, spec)
+            return None
+        if classes is None:
+            if spec.guidance is not None and spec.guidance != 1.0:
+                raise InputError("a guidance scale needs a class to guide towards; give one class for the whole "
+                                 "path, or two (a start and an end class)")
+            return None
+        items = [classes] if isinstance(classes, (str, int, np.integer)) else list(classes)
+        if len(items) not in (1, 2):
+            raise InputError(f"interpolation takes one class for the whole path or two (a start and an end class), "
+                             f"got {len(items)}")
+        ids = [self.class_id(item) for item in items]
+        return ids[0], ids[-1]
+
+    def path_condition(self, weights, spec: SamplingSpec, classes, cond=None):
+        """``cond`` of the frames of an interpolation at ``weights`` (0 at the start, 1 at the end).
+
+        Two classes: each frame's class vector is ``(1 - w) e_start + w
+        e_end`` (``"label"``, ``"label_to"``, ``"label_mix"``; see
+        :class:`ddim.nn.ClassEmbedding`), so the frames move from one class to
+        the other; one class: every frame is that class; none: the null class
+        (``cond`` unchanged). A label already in ``cond`` is kept.
+        """
+        ends = self.ends(classes, spec)
+        if ends is None:
+            return cond
+        count, (start, end) = len(weights), ends
+        cond = dict(cond or {})
+        if "label" not in cond:
+            cond["label"] = np.full(count, start, np.int32)
+            if end != start:
+                cond["label_to"] = np.full(count, end, np.int32)
+                cond["label_mix"] = np.asarray(weights, np.float32)
+        return _with_guidance(cond, count, spec)
+
+
+def _with_guidance(cond: dict, count: int, spec: SamplingSpec) -> dict:
+    """``cond`` with ``"guidance"`` (``count`` copies of ``spec.guidance``) unless it is None or 1."""
+    if spec.guidance is not None and spec.guidance != 1.0:
+        # Guidance 1 is the conditional prediction itself: no second (unconditional) half to compute.
+        cond["guidance"] = np.full(count, spec.guidance, np.float32)
+    return cond

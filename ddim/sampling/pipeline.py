@@ -40,9 +40,10 @@ class Reconstruction(NamedTuple):
     """The inputs as the model saw them (after any crop and resize), uint8."""
 
 
-def _inversion_spec(spec: SamplingSpec | None, steps: int | None, spacing: str | None) -> SamplingSpec:
+def _inversion_spec(spec: SamplingSpec | None, steps: int | None, spacing: str | None,
+                    guidance: float | None = None) -> SamplingSpec:
     """The spec of a deterministic DDIM pass (inversion and decoding): ``spec``'s steps, spacing and guidance."""
-    spec = SamplingSpec.of(spec, steps=steps, spacing=spacing)
+    spec = SamplingSpec.of(spec, steps=steps, spacing=spacing, guidance=guidance)
     return SamplingSpec(steps=spec.steps, spacing=spec.spacing, guidance=spec.guidance)
 
 
@@ -162,7 +163,8 @@ class Pipeline:
         return to_uint8(frames)
 
     def invert(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
-               on_batch: OnBatch | None = None, *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+               on_batch: OnBatch | None = None, *, spec: SamplingSpec | None = None, classes=None,
+               cond=None) -> np.ndarray:
         """Encode images to latents: deterministic DDIM run from the data to the noise (DDIM eq. 13).
 
         ``images``: uint8 (or float in [0, 1]) ``(N, H, W, C)``, one image, or a
@@ -170,11 +172,17 @@ class Pipeline:
         :meth:`generate`'s for the same steps and spacing (of ``spec``; inversion
         is always deterministic DDIM), so ``generate(latents=invert(x, steps),
         steps=steps)`` reconstructs ``x``, the closer the more steps
-        (:meth:`reconstruct`). Returns float32 latents ``(N, H, W, C)``. See
-        :func:`ddim.sampling.process.invert`.
+        (:meth:`reconstruct`). ``classes`` (class-conditional models): the class
+        to invert with, one for all images or one each; decode with the same
+        one. Default: the null class (no class; to decode with it, pass
+        ``cond={"label": np.full(n, -1)}`` to :meth:`generate`, whose default
+        draws classes). No guidance: inverting with a guidance scale drifts
+        (Mokady et al. 2022, null-text inversion).
+        Returns float32 latents ``(N, H, W, C)``. See :func:`ddim.sampling.process.invert`.
         """
         spec = _inversion_spec(spec, steps, spacing)
         prepared, _ = self._prepare(images)
+        cond = self.class_space.given(len(prepared), classes, cond)
         return self._invert(prepared, spec, batch_size, on_batch, cond)
 
     def _invert(self, prepared, spec: SamplingSpec, batch_size, on_batch=None, cond=None):
@@ -182,15 +190,17 @@ class Pipeline:
                          on_batch=on_batch)
 
     def reconstruct(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
-                    *, spec: SamplingSpec | None = None, cond=None) -> Reconstruction:
-        """Invert then generate with the same steps and spacing: how well the model encodes ``images``.
+                    *, spec: SamplingSpec | None = None, classes=None, cond=None) -> Reconstruction:
+        """Invert then generate with the same steps, spacing and class: how well the model encodes ``images``.
 
+        ``classes`` as :meth:`invert` (default the null class; no guidance).
         Returns a :class:`Reconstruction`: the uint8 reconstructions, the
         per-image mean squared error on [0, 1] pixels (the measure of the DDIM
         paper's Table 2), the latents and the inputs as the model saw them.
         """
         spec = _inversion_spec(spec, steps, spacing)
         prepared, _ = self._prepare(images)
+        cond = self.class_space.given(len(prepared), classes, cond)
         latents = self._invert(prepared, spec, batch_size, cond=cond)
         floats = self._run(programs.sample_from, spec, len(latents), batch_size=batch_size, arrays=[latents],
                            traced=(jnp.float32(0.0),), cond=cond)
@@ -198,16 +208,25 @@ class Pipeline:
         return Reconstruction(to_uint8(floats), errors, latents, to_uint8(prepared))
 
     def interpolate(self, a, b, frames: int = 16, steps: int | None = None, spacing: str | None = None,
-                    batch_size: int | None = None, *, spec: SamplingSpec | None = None, cond=None) -> np.ndarray:
+                    batch_size: int | None = None, *, spec: SamplingSpec | None = None, classes=None,
+                    guidance: float | None = None, cond=None) -> np.ndarray:
         """Images along the spherical interpolation (slerp) from latent ``a`` to latent ``b``: uint8 ``(frames, H, W, C)``.
 
         ``a`` and ``b``: latents ``(H, W, C)`` (or a batch of one), e.g. from
-        :meth:`latents` (a seed) or :meth:`invert` (a real image); ``frames`` >= 2
-        includes both ends. Decoded with deterministic DDIM (the steps and spacing
-        of ``spec``; use the ones the latents were inverted with). See
-        :func:`ddim.diffusion.slerp`.
+        :meth:`latents` (a seed) or :meth:`invert` (a real image); they may be
+        equal, so that only the class moves. ``frames`` >= 2 includes both ends.
+        Decoded with deterministic DDIM (the steps and spacing of ``spec``; use
+        the ones the latents were inverted with). See :func:`ddim.diffusion.slerp`.
+
+        Class-conditional models: ``classes`` is one class for the whole path,
+        or two, ``(start, end)``: the class vector then moves with the latent,
+        ``(1 - w) e_start + w e_end`` at the frame's weight ``w``, so the first
+        frame is ``generate`` of ``a`` with the start class and the last of ``b``
+        with the end class. Default: the null class (no class) all along, as
+        :meth:`invert` uses by default. ``guidance`` (``spec.guidance``) guides
+        every frame towards its class mix; it needs ``classes``.
         """
-        spec = _inversion_spec(spec, steps, spacing)
+        spec = _inversion_spec(spec, steps, spacing, guidance)
         a, b = check_latents(a, self.image_shape), check_latents(b, self.image_shape)
         if len(a) != 1 or len(b) != 1:
             raise InputError(f"interpolate takes one latent at each end, got {len(a)} and {len(b)}")
@@ -215,9 +234,12 @@ class Pipeline:
             raise InputError(f"frames must be an integer >= 2 (both ends included), got {frames!r}")
         if not (np.any(a) and np.any(b)):
             raise InputError("a latent to interpolate is all zeros (it has no direction)")
-        path = np.array(slerp(a[0], b[0], np.linspace(0.0, 1.0, frames)))
+        weights = np.linspace(0.0, 1.0, frames)  # exactly 0 and 1 at the ends
+        cond = self.class_space.path_condition(weights, spec, classes, cond)
+        path = np.array(slerp(a[0], b[0], weights))
         path[0], path[-1] = a[0], b[0]  # the ends exactly, not to rounding
-        return self.generate(latents=path, spec=spec, batch_size=batch_size, cond=cond)
+        return programs.generate_images(self.model, self.variables, frames, spec, batch_size=batch_size,
+                                        latents=path, cond=cond)
 
     def edit(self, images, strength: float = 0.6, steps: int | None = None, seed: int = 0, sampler: str | None = None,
              spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
