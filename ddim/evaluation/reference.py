@@ -6,7 +6,8 @@ from the data cache (:func:`ddim.data.load_split`): ``val`` (``data.val_split``,
 the default, like the Keras example's KID) or ``train``; ``real_num`` draws a
 fixed random subset. Their features are cached in
 ``<workdir>/eval_cache/real_<key>.npz``, keyed on everything they depend on
-(for a folder, its files too).
+(for a folder, its files too), with the images' class labels
+(:func:`labelled_real_features`, for the class accuracy of conditional models).
 """
 
 from __future__ import annotations
