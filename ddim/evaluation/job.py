@@ -11,7 +11,9 @@ and their cached features and statistics from
 :mod:`ddim.evaluation.reference`, or the reference statistics from a file
 (``real_stats``, pytorch-fid's ``mu``/``sigma`` format). What to do is one
 :class:`~ddim.evaluation.request.EvalRequest`; each run appends one JSON line
-to ``<workdir>/eval.jsonl`` (:mod:`ddim.evaluation.record`).
+to ``<workdir>/eval.jsonl`` (:mod:`ddim.evaluation.record`). A class-conditional
+checkpoint's line adds its guidance scale, class mode and class accuracy
+(:mod:`ddim.evaluation.conditional`).
 
 The network never runs with random weights unless a caller injects its own
 ``feature_extractor_factory`` (the tests do; the CLI never does).
