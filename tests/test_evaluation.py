@@ -318,6 +318,7 @@ def test_evaluate_checkpoint_with_an_injected_factory_and_the_train_split(smoke_
     assert (result["sampler"], result["spacing"]) == ("ddim", "uniform")
     assert "eval_file" not in eval_lines(out)[-1]
     assert eval_lines(out)[-1]["guidance"] is None  # the whole SamplingSpec is recorded
+    assert not {"class_mode", "class_accuracy", "real_val_class_accuracy", "chance"} & set(result)  # unconditional
 
 
 def test_an_eval_request_is_checked_when_made():

@@ -16,6 +16,7 @@ from ddim.cli.app import (
     compilation_cache_option,
     eta_option,
     fail,
+    guidance_option,
     pretrained_option,
     pretrained_workdir,
     require_positive,
@@ -44,6 +45,12 @@ def eval_command(
     sampler: str = sampler_option(),
     spacing: str = spacing_option(),
     seed: int = typer.Option(0, "--seed", help="Random seed of the generated images and of the KID subsets."),
+    only_class: Optional[str] = typer.Option(
+        None, "--class",
+        help="Class-conditional checkpoints: make every image this class (a name or an id) and compare with the real "
+        "images of that class (default: classes drawn as the training data has them).",
+    ),
+    guidance: Optional[float] = guidance_option(),
     batch_size: int = batch_size_option("Images generated (and featurised) at once; bounds memory."),
     real_num: Optional[int] = typer.Option(None, "--real-num", help="Use at most this many real images (a fixed random subset; default: the whole split)."),
     split: str = typer.Option("val", "--split", help="Real images: 'val' (data.val_split, default), 'train' (data.train_split) or 'all' (both)."),
@@ -77,6 +84,9 @@ def eval_command(
     """Score a checkpoint's samples: FID (the standard FID Inception) and KID against real images.
 
     Prints a table and appends one JSON line to <workdir>/eval.jsonl (runs/pretrained-NAME/ for a bundled model).
+    For a class-conditional checkpoint also the class accuracy: how often a classifier on the FID features, fitted
+    on the real training images, sees the class each image was asked for, beside its accuracy on the real
+    validation images (the ceiling).
     """
     from ddim.evaluation import NETWORKS, SPLITS
 
@@ -84,7 +94,7 @@ def eval_command(
     for name, value in (("num", num), ("real-num", real_num)):
         if value is not None and value < 2:
             fail(f"--{name} must be >= 2 for KID and FID (got {value})", code=2)
-    spec = sampling_spec(steps, sampler, spacing, eta)
+    spec = sampling_spec(steps, sampler, spacing, eta, guidance)
     _check_choice("split", split, SPLITS)
     _check_choice("fid-net", fid_net, NETWORKS)
     _check_choice("kid-net", kid_net, NETWORKS)
@@ -96,7 +106,7 @@ def eval_command(
         request = EvalRequest(
             source, num=num, spec=spec, seed=seed, batch_size=batch_size, real_num=real_num, split=split,
             image_dir=data, real_stats=real_stats, fid_net=fid_net, kid_net=kid_net, fid_weights=fid_weights,
-            inception_weights=inception_weights, workdir=pretrained_workdir(source),
+            inception_weights=inception_weights, workdir=pretrained_workdir(source), only_class=only_class,
         )
         result = evaluate(request)
     typer.echo(format_table(result))

@@ -222,3 +222,17 @@ def load_split(config: Config, split: str, cache_dir: str | os.PathLike | None =
     if images is None:
         raise DataError(f"the config has no {split} split")
     return images
+
+
+def load_split_labels(config: Config, split: str, cache_dir: str | os.PathLike | None = None,
+                      log: Callable[[str], None] | None = None) -> np.ndarray:
+    """The int32 class label of every image of :func:`load_split` (same split, same order), -1 for none.
+
+    Reads the cache's index, never the pixels (``"all"`` included).
+    """
+    if split != "all":
+        return load_split(config, split, cache_dir, log).label_array()
+    if cache_dir is not None:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir=str(cache_dir)))
+    data = load(config, None, ("train", "val"), log or (lambda message: None), False, check=True)
+    return np.concatenate([part.label_array() for part in (data.train, data.val) if part is not None])

@@ -8,7 +8,9 @@
 - :mod:`~ddim.evaluation.fid_inception`: the network with its weights as a feature extractor (``standard_factory``).
 - :mod:`~ddim.evaluation.keras_inception`: Keras' InceptionV3 (weights file, network, preprocessing).
 - :mod:`~ddim.evaluation.metrics`: KID and FID on feature vectors (numpy only).
-- :mod:`~ddim.evaluation.reference`: the real images and the cache of their features.
+- :mod:`~ddim.evaluation.reference`: the real images and the cache of their features (and labels).
+- :mod:`~ddim.evaluation.class_consistency`: the classifier of the class accuracy (pure numpy).
+- :mod:`~ddim.evaluation.conditional`: what a class-conditional checkpoint adds (class mode, class accuracy).
 - :mod:`~ddim.evaluation.generated`: features of generated images, and the cheap KID of training.
 - :mod:`~ddim.evaluation.request`: :class:`EvalRequest`, what one evaluation is asked to do.
 - :mod:`~ddim.evaluation.job`: :func:`evaluate` runs a request (``ddim eval``).
@@ -41,6 +43,7 @@ from ddim.evaluation.keras_inception import (
 from ddim.evaluation.reference import (
     CACHE_DIR,
     SPLITS,
+    labelled_real_features,
     load_real_stats,
     real_cache_key,
     real_features,
@@ -78,6 +81,7 @@ __all__ = [
     "generated_features",
     "inception_factory",
     "kid_feature_extractor",
+    "labelled_real_features",
     "load_real_stats",
     "real_cache_key",
     "real_features",

@@ -32,6 +32,7 @@ def generated_features(
     kid_extractor: FeatureExtractor | None,
     fid_extractor: FeatureExtractor | None = None,
     on_batch: Callable[[int], None] | None = None,
+    on_fid_features: Callable[[np.ndarray], None] | None = None,
 ) -> tuple[np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
     """Generate ``num`` images batch by batch and keep only their features.
 
@@ -39,7 +40,8 @@ def generated_features(
     ``(num, D)`` (None without ``kid_extractor``) and the FID mean and
     covariance (None without ``fid_extractor``), accumulated with
     :class:`ddim.metrics.RunningStats`. When both are the same extractor each
-    image is featurised once.
+    image is featurised once. ``on_fid_features(features)`` sees each batch's
+    FID features (the class-consistency classifier reads them).
     """
     kid_features = None  # preallocated once the feature size is known: no copies at the end
     running = metrics.RunningStats() if fid_extractor is not None else None
@@ -52,7 +54,10 @@ def generated_features(
                 kid_features = np.empty((num, features.shape[1]), np.float32)
             kid_features[start : start + count] = features
         if running is not None:
-            running.update(features if fid_extractor is kid_extractor else fid_extractor(images))
+            fid_features = features if fid_extractor is kid_extractor else fid_extractor(images)
+            running.update(fid_features)
+            if on_fid_features is not None:
+                on_fid_features(fid_features)
         del images
         if on_batch is not None:
             on_batch(start + count)

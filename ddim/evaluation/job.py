@@ -11,7 +11,9 @@ and their cached features and statistics from
 :mod:`ddim.evaluation.reference`, or the reference statistics from a file
 (``real_stats``, pytorch-fid's ``mu``/``sigma`` format). What to do is one
 :class:`~ddim.evaluation.request.EvalRequest`; each run appends one JSON line
-to ``<workdir>/eval.jsonl`` (:mod:`ddim.evaluation.record`).
+to ``<workdir>/eval.jsonl`` (:mod:`ddim.evaluation.record`). A class-conditional
+checkpoint's line adds its guidance scale, class mode and class accuracy
+(:mod:`ddim.evaluation.conditional`).
 
 The network never runs with random weights unless a caller injects its own
 ``feature_extractor_factory`` (the tests do; the CLI never does).
@@ -30,12 +32,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ddim.evaluation import metrics
+from ddim.evaluation import class_consistency, metrics
+from ddim.evaluation.conditional import ClassPlan, RealClasses, fit_on_real, of_one_class, plan_classes, record_fields
 from ddim.evaluation.features import FID_IMAGE_SIZE, KID_IMAGE_SIZE, EvaluationError, FeatureExtractor, FeatureFactory
 from ddim.evaluation.generated import generated_features
 from ddim.evaluation.keras_inception import file_md5, inception_factory
 from ddim.evaluation.record import append_record, format_table  # noqa: F401  (format_table: re-exported)
-from ddim.evaluation.reference import load_real_stats, real_features, split_expression
+from ddim.evaluation.reference import labelled_real_features, load_real_stats, real_features, split_expression
 from ddim.evaluation.request import NETWORKS, EvalRequest  # noqa: F401  (NETWORKS: re-exported)
 from ddim.workdir.layout import EVAL_FILE, Workdir
 
@@ -61,6 +64,8 @@ class _Checkpoint:
     pipe: Any
     workdir: Workdir
     config: Any
+    classes: ClassPlan | None
+    """What a class-conditional checkpoint is asked for (None: an unconditional one)."""
 
 
 @dataclass(frozen=True)
@@ -94,13 +99,17 @@ def evaluate(
     factories = _feature_factories(request, feature_extractor_factory, log)
     checkpoint = _load_checkpoint(request, log)
     fid_extractor, kid_extractor = _networks(request, factories)
+    # The classifier's real side first: with split "all", FID's reference then joins its cached train and val features.
+    real_classes = _real_classes(checkpoint, fid_extractor, log, show_progress)
     if reference_stats is None:
         real = _real_images(request, checkpoint, fid_extractor, kid_extractor, log, show_progress)
     else:
         real = _real_statistics(request, reference_stats, fid_extractor, kid_extractor, log)
-    generated = _generated(request, checkpoint.pipe, real, fid_extractor, log, show_progress)
-    scores = _scores(request, real, *generated)
+    generated = _generated(request, checkpoint, real, real_classes, fid_extractor, log, show_progress)
+    scores = _scores(request, real, generated.kid_features, generated.fid_stats)
     record = _record(request, checkpoint.pipe, real, scores, fid_extractor, time.perf_counter() - started)
+    if checkpoint.classes is not None:
+        record.update(record_fields(checkpoint.classes, real_classes, generated.predicted, generated.asked))
     return _append(checkpoint.workdir, record)
 
 
@@ -140,6 +149,7 @@ def _load_checkpoint(request: EvalRequest, log: Log) -> _Checkpoint:
     from ddim.sampling import load
 
     pipe = load(request.source)
+    classes = plan_classes(pipe, request.only_class, request.spec)  # refuses classes an unconditional model lacks
     workdir = Workdir(request.workdir) if request.workdir is not None else Workdir(workdir_of(pipe.path))
     _prepare_workdir(workdir)
     config = pipe.config
@@ -150,7 +160,9 @@ def _load_checkpoint(request: EvalRequest, log: Log) -> _Checkpoint:
         f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name}); "
         f"{jax.device_count()} {jax.default_backend()} device(s)"
     )
-    return _Checkpoint(pipe, workdir, config)
+    if classes is not None:
+        log(f"classes: {classes.mode}, guidance {classes.guidance:g} ({len(classes.names)} classes)")
+    return _Checkpoint(pipe, workdir, config, classes)
 
 
 def _prepare_workdir(workdir: Workdir) -> None:
@@ -179,16 +191,32 @@ def _networks(request: EvalRequest, factories: dict[str, FeatureFactory]):
     return fid_extractor, kid_extractor
 
 
+def _real_classes(checkpoint: _Checkpoint, fid_extractor, log: Log, show_progress: bool) -> RealClasses | None:
+    """The class classifier on the FID features of the checkpoint's own labelled data (not ``--data``'s)."""
+    if checkpoint.classes is None:
+        return None
+    from ddim import data as data_lib
+
+    config, workdir = checkpoint.pipe.config, checkpoint.workdir
+    return fit_on_real(checkpoint.classes, config, fid_extractor, workdir.eval_cache, log, show_progress,
+                       data_lib.cache_root(config, workdir.root))
+
+
 def _real_images(request: EvalRequest, checkpoint: _Checkpoint, fid_extractor, kid_extractor, log: Log,
                  show_progress: bool) -> _Real:
-    """Features of the real ``split`` images, from the work directory's cache when possible."""
+    """Features of the real ``split`` images (of the one class asked for), from the work directory's cache when
+    possible."""
     from ddim import data as data_lib
 
     config, workdir = checkpoint.config, checkpoint.workdir
-    real_kid, real_fid = real_features(
-        config, request.split, request.real_num, [kid_extractor, fid_extractor], workdir.eval_cache, log,
-        show_progress, data_cache=data_lib.cache_root(config, workdir.root),
-    )
+    arguments = (config, request.split, request.real_num, [kid_extractor, fid_extractor], workdir.eval_cache, log,
+                 show_progress)
+    data_cache = data_lib.cache_root(config, workdir.root)
+    if checkpoint.classes is not None and checkpoint.classes.class_id is not None:
+        features, labels = labelled_real_features(*arguments, data_cache=data_cache)
+        real_kid, real_fid = of_one_class(checkpoint.classes, features, labels, request.split)
+    else:
+        real_kid, real_fid = real_features(*arguments, data_cache=data_cache)
     expression = split_expression(config, request.split)
     record = {"real_num": int(len(real_fid)), "split": request.split, "split_expression": expression}
     return _Real(kid_extractor, real_kid, real_fid, None, record)
@@ -211,15 +239,35 @@ def _real_statistics(request: EvalRequest, stats: dict[str, Any], fid_extractor,
     return _Real(kid_extractor, real_kid, None, stats, record)
 
 
-def _generated(request: EvalRequest, pipe, real: _Real, fid_extractor, log: Log, show_progress: bool):
-    """``(KID features, (mu, sigma) for FID)`` of ``request.num`` generated images, batch by batch."""
+@dataclass(frozen=True)
+class _Generated:
+    """What is kept of the generated images: KID features, FID statistics, and their asked and predicted classes."""
+
+    kid_features: np.ndarray | None
+    fid_stats: tuple[np.ndarray, np.ndarray]
+    asked: np.ndarray | None
+    predicted: np.ndarray | None
+
+
+def _generated(request: EvalRequest, checkpoint: _Checkpoint, real: _Real, real_classes: RealClasses | None,
+               fid_extractor, log: Log, show_progress: bool) -> _Generated:
+    """KID features, FID statistics (and classes) of ``request.num`` generated images, batch by batch."""
     from ddim.summary import Progress
 
+    pipe, plan = checkpoint.pipe, checkpoint.classes
     progress = Progress(request.num, 0, description="eval") if show_progress else None
     started = time.perf_counter()
+    asked: list[np.ndarray] = []
+    predicted: list[np.ndarray] = []
 
     def generate(count: int, seed: int) -> np.ndarray:
-        return pipe.generate(count, spec=request.spec, seed=seed, batch_size=count)
+        if plan is None:
+            return pipe.generate(count, spec=request.spec, seed=seed, batch_size=count)
+        asked.append(plan.asked(pipe, count, seed))  # the classes generate() draws from this seed
+        return pipe.generate(count, spec=request.spec, seed=seed, batch_size=count, classes=asked[-1])
+
+    def classify(features: np.ndarray) -> None:
+        predicted.append(class_consistency.predict(real_classes.classifier, features))
 
     def on_batch(done: int) -> None:
         if progress is not None:
@@ -229,13 +277,17 @@ def _generated(request: EvalRequest, pipe, real: _Real, fid_extractor, log: Log,
     # eigendecomposition when there are fewer images than dimensions.
     keep = real.kid_extractor if real.kid_extractor is not None or real.stats is None else fid_extractor
     try:
-        result = generated_features(generate, request.num, request.batch_size, request.seed, keep, fid_extractor,
-                                    on_batch)
+        kid_features, fid_stats = generated_features(
+            generate, request.num, request.batch_size, request.seed, keep, fid_extractor, on_batch,
+            classify if real_classes is not None else None,
+        )
     finally:
         if progress is not None:
             progress.close()
     log(f"generated and featurised {request.num} images in {time.perf_counter() - started:.1f}s")
-    return result
+    if plan is None:
+        return _Generated(kid_features, fid_stats, None, None)
+    return _Generated(kid_features, fid_stats, np.concatenate(asked), np.concatenate(predicted))
 
 
 def _scores(request: EvalRequest, real: _Real, gen_features, gen_stats) -> dict[str, Any]:

@@ -43,8 +43,23 @@ def format_table(result: dict[str, Any]) -> str:
         ("real", real),
         kid,
         (f"FID ({net('fid')}, {result['fid_image_size']}px)", f"{result['fid']:.2f}"),
+        *_class_rows(result),
         ("FID network", result["fid_feature_net"]),
         ("wall time", f"{result['wall_time_s']:.1f}s"),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _class_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """A conditional checkpoint's rows: its classes and guidance, and the class accuracy beside its ceiling."""
+    if "class_mode" not in result:
+        return []
+    ceiling = result.get("real_val_class_accuracy")
+    accuracy = (f"{_percent(result['class_accuracy'])} of the generated images; real val images "
+                f"{_percent(ceiling)} (the ceiling); chance {_percent(result['chance'])}")
+    return [("classes", f"{result['class_mode']}, guidance {result['guidance']:g}"), ("class accuracy", accuracy)]
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"

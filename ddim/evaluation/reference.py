@@ -6,7 +6,8 @@ from the data cache (:func:`ddim.data.load_split`): ``val`` (``data.val_split``,
 the default, like the Keras example's KID) or ``train``; ``real_num`` draws a
 fixed random subset. Their features are cached in
 ``<workdir>/eval_cache/real_<key>.npz``, keyed on everything they depend on
-(for a folder, its files too).
+(for a folder, its files too), with the images' class labels
+(:func:`labelled_real_features`, for the class accuracy of conditional models).
 """
 
 from __future__ import annotations
@@ -72,23 +73,41 @@ def select_real(images: np.ndarray, real_num: int | None) -> np.ndarray:
     return images[index]
 
 
-def _load_cached(path: Path) -> np.ndarray | None:
+def _load_cached(path: Path) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(features, labels)`` of a cache file (labels None in files written before they were kept)."""
     try:
         with np.load(path) as data:
             features = np.asarray(data["features"], np.float32)
+            labels = np.asarray(data["labels"], np.int32) if "labels" in data.files else None
     except Exception:  # missing, truncated or foreign file: recompute
         return None
-    return features if features.ndim == 2 and len(features) else None
+    if features.ndim != 2 or not len(features):
+        return None
+    return features, (labels if labels is not None and labels.shape == features.shape[:1] else None)
 
 
-def _save_cached(path: Path, features: np.ndarray, meta: dict[str, Any]) -> None:
-    """Features and their statistics (``mu``, ``sigma``: pytorch-fid's format, so ``--real-stats`` reads it)."""
+def _save_cached(path: Path, features: np.ndarray, meta: dict[str, Any], labels: np.ndarray | None = None) -> None:
+    """Features, their statistics (``mu``, ``sigma``: pytorch-fid's format, so ``--real-stats`` reads it) and
+    the images' class labels (-1: none) when known."""
     from ddim.evaluation.metrics import feature_stats
 
     mu, sigma = feature_stats(features)
+    extra = {} if labels is None else {"labels": np.asarray(labels, np.int32)}
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, features=features, mu=mu, sigma=sigma, meta=np.array(json.dumps(meta)))
+    np.savez(tmp, features=features, mu=mu, sigma=sigma, meta=np.array(json.dumps(meta)), **extra)
     os.replace(tmp, path)
+
+
+def _add_labels(path: Path, labels: np.ndarray, log) -> None:
+    """Add the labels to a cache file written before they were kept (its key and features stay as they are)."""
+    try:
+        with np.load(path) as data:
+            arrays = {name: data[name] for name in data.files}
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, **arrays, labels=np.asarray(labels, np.int32))
+        os.replace(tmp, path)
+    except OSError as error:  # only costs reading the labels from the data again next time
+        log(f"warning: cannot add the labels to {path}: {error.strerror or error}")
 
 
 def load_real_stats(path: str | os.PathLike) -> dict[str, Any]:
@@ -145,54 +164,151 @@ def real_features(
     ``images``. With ``cache_dir=None`` no features are cached. Raises
     :class:`ddim.data.DataError` when the dataset cannot be loaded.
     """
+    features, _ = _real(config, split, real_num, extractors, cache_dir, log or _quiet, show_progress, images,
+                        data_cache, labelled=False)
+    return features
+
+
+def labelled_real_features(
+    config: Config,
+    split: str,
+    real_num: int | None,
+    extractors: Sequence[FeatureExtractor],
+    cache_dir: str | os.PathLike | None = None,
+    log=None,
+    show_progress: bool = False,
+    data_cache: str | os.PathLike | None = None,
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """:func:`real_features` and the int32 class label of each image (-1: no class), from the same cache files.
+
+    Files cached before the labels were kept get them added (read from the
+    data cache's index, no pixels). For ``"all"``, when the ``train`` and
+    ``val`` features are cached the ``all`` features are their concatenation
+    (the order of :func:`ddim.data.load_split`), so no image is featurised twice.
+    """
+    features, labels = _real(config, split, real_num, extractors, cache_dir, log or _quiet, show_progress, None,
+                             data_cache, labelled=True)
+    assert labels is not None
+    return features, labels
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def _real(config: Config, split: str, real_num: int | None, extractors: Sequence[FeatureExtractor], cache_dir,
+          log, show_progress: bool, images, data_cache, labelled: bool):
+    """``(features per extractor, labels or None)``; the labels are always found when ``labelled``."""
     from ddim import data as data_lib
 
-    log = log or (lambda message: None)
-    expression = split_expression(config, split)
     fingerprint = data_lib.split_fingerprint(config, split)  # a folder's files (a scan, no decoding)
     cache = Path(cache_dir) if cache_dir is not None else None
-    paths = [
-        cache / f"real_{real_cache_key(config, split, real_num, ex.identity, fingerprint)}.npz" if cache else None
-        for ex in extractors
-    ]
-    results: list[np.ndarray | None] = [_load_cached(p) if p is not None else None for p in paths]
-    for path in dict.fromkeys(p for p, result in zip(paths, results) if result is not None):
-        log(f"real features: {len(results[paths.index(path)])} images from the cache {path}")
-    if all(r is not None for r in results):
-        return results  # type: ignore[return-value]
+    paths = [_cache_path(cache, config, split, real_num, ex, fingerprint) if cache else None for ex in extractors]
+    cached = [_load_cached(p) if p is not None else None for p in paths]
+    for path in dict.fromkeys(p for p, hit in zip(paths, cached) if hit is not None):
+        log(f"real features: {len(cached[paths.index(path)][0])} images from the cache {path}")
+    results: list[np.ndarray | None] = [hit[0] if hit is not None else None for hit in cached]
+    labels = next((hit[1] for hit in cached if hit is not None and hit[1] is not None), None)
+    missing = [index for index, result in enumerate(results) if result is None]
+    if missing:
+        todo = [extractors[index] for index in missing]
+        if images is None and split == "all" and _parts_cached(config, todo, cache):
+            computed, found = _joined_parts(config, real_num, todo, cache, log, data_cache, labelled)
+        else:
+            computed, found = _compute(config, split, real_num, todo, log, show_progress, images, data_cache)
+        labels = found if found is not None else labels
+        stored: set[Path] = set()
+        for index, features in zip(missing, computed):
+            results[index] = features
+            if paths[index] is not None and paths[index] not in stored:
+                stored.add(paths[index])
+                _store(paths[index], features, _meta(config, split, real_num, extractors[index]), labels, log)
+    if labelled and labels is None:  # every file was cached before the labels were kept
+        labels = select_real(data_lib.load_split_labels(config, split, data_cache, log), real_num)
+    if labels is not None and len(labels) != len(results[0]):
+        raise EvaluationError(f"the cached real features of split {split!r} are not of its {len(labels)} images; "
+                              f"delete {cache} to recompute them")
+    if labelled:
+        for path in dict.fromkeys(p for p, hit in zip(paths, cached) if hit is not None and hit[1] is None):
+            _add_labels(path, labels, log)
+    return results, labels
 
+
+def _cache_path(cache: Path, config: Config, split: str, real_num: int | None, extractor: FeatureExtractor,
+                fingerprint: str | None) -> Path:
+    return cache / f"real_{real_cache_key(config, split, real_num, extractor.identity, fingerprint)}.npz"
+
+
+def _parts_cached(config: Config, extractors, cache: Path | None) -> bool:
+    """Whether the ``train`` and ``val`` features of every extractor are in the cache (so ``all`` is their join)."""
+    from ddim import data as data_lib
+
+    if cache is None:
+        return False
+    for part in ("train", "val"):
+        fingerprint = data_lib.split_fingerprint(config, part)
+        if not all(_cache_path(cache, config, part, None, ex, fingerprint).is_file() for ex in extractors):
+            return False
+    return True
+
+
+def _joined_parts(config: Config, real_num: int | None, extractors, cache: Path, log, data_cache, labelled: bool):
+    """The ``all`` features: the ``train`` ones, then the ``val`` ones (:func:`ddim.data.load_split`'s order)."""
+    (train, train_labels), (val, val_labels) = (
+        _real(config, part, None, extractors, cache, log, False, None, data_cache, labelled)
+        for part in ("train", "val")
+    )
+    log("real features: the 'all' split joined from the cached 'train' and 'val' features")
+    features = [select_real(np.concatenate(pair), real_num) for pair in zip(train, val)]
+    if train_labels is None or val_labels is None:
+        return features, None
+    return features, select_real(np.concatenate([train_labels, val_labels]), real_num)
+
+
+def _compute(config: Config, split: str, real_num: int | None, extractors, log, show_progress: bool, images,
+             data_cache):
+    """Featurise the split's images with each extractor: ``(features per extractor, labels or None)``."""
+    from ddim import data as data_lib
+
+    expression = split_expression(config, split)
     if images is None:
         images = data_lib.load_split(config, split, data_cache, log=log)
+        labels = images.label_array() if hasattr(images, "label_array") else \
+            data_lib.load_split_labels(config, split, data_cache, log)
+    else:
+        labels = images.label_array() if hasattr(images, "label_array") else None
     images = np.asarray(select_real(images, real_num))
+    labels = select_real(labels, real_num) if labels is not None else None
     if len(images) < 2:
         raise EvaluationError(f"split {split!r} ({expression}) has {len(images)} image(s); need at least 2")
-    for index, (extractor, path) in enumerate(zip(extractors, paths)):
-        if results[index] is not None:
-            continue
+    results: list[np.ndarray] = []
+    for index, extractor in enumerate(extractors):
         same = [j for j in range(index) if extractors[j].identity == extractor.identity]
         if same:  # one network used twice (e.g. KID and FID on the same features)
-            results[index] = results[same[0]]
+            results.append(results[same[0]])
             continue
         started = time.perf_counter()
-        features = extract_with_progress(extractor, images, f"real {extractor.image_size}px", show_progress)
-        results[index] = features
+        results.append(extract_with_progress(extractor, images, f"real {extractor.image_size}px", show_progress))
         log(
             f"real features: {len(images)} {split} images at {extractor.image_size}px in "
             f"{time.perf_counter() - started:.1f}s"
         )
-        if path is not None:
-            meta = {
-                "dataset": config.data.dataset,
-                "split": split,
-                "expression": expression,
-                "image_size": config.model.image_size,
-                "real_num": real_num,
-                "network": extractor.identity,
-            }
-            try:
-                _save_cached(path, features, meta)
-            except OSError as error:  # a cache that cannot be written only costs time next run
-                log(f"warning: cannot cache the real features in {path}: {error.strerror or error}")
-    return results  # type: ignore[return-value]
+    return results, labels
 
 
+def _meta(config: Config, split: str, real_num: int | None, extractor: FeatureExtractor) -> dict[str, Any]:
+    return {
+        "dataset": config.data.dataset,
+        "split": split,
+        "expression": split_expression(config, split),
+        "image_size": config.model.image_size,
+        "real_num": real_num,
+        "network": extractor.identity,
+    }
+
+
+def _store(path: Path, features: np.ndarray, meta: dict[str, Any], labels: np.ndarray | None, log) -> None:
+    try:
+        _save_cached(path, features, meta, labels)
+    except OSError as error:  # a cache that cannot be written only costs time next run
+        log(f"warning: cannot cache the real features in {path}: {error.strerror or error}")

@@ -9,6 +9,7 @@ Nothing here imports JAX.
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Union
@@ -39,6 +40,13 @@ class EvalRequest:
     replaces the real images for FID; ``image_dir`` scores against that image
     folder's ``split`` instead of the checkpoint's own data. ``workdir``
     (default: the checkpoint's) receives ``eval.jsonl`` and ``eval_cache/``.
+
+    A class-conditional checkpoint draws each image's class as its training
+    data has them, or makes every image ``only_class`` (a name or an id), then
+    compared with the real images of that class only; ``spec.guidance`` is
+    its guidance scale. Its record adds the class mode and the class accuracy
+    (:mod:`ddim.evaluation.conditional`). An unconditional checkpoint refuses
+    both.
     """
 
     source: PathLike
@@ -58,6 +66,7 @@ class EvalRequest:
     kid_subsets: int = 100
     kid_subset_size: int = 1000
     feature_batch_size: int = 32
+    only_class: str | int | None = None
 
     def __post_init__(self):
         for option, value in (("fid_net", self.fid_net), ("kid_net", self.kid_net)):
@@ -75,6 +84,14 @@ class EvalRequest:
             raise EvaluationError(f"unknown split {self.split!r} (choose from {', '.join(SPLITS)})")
         if self.kid_subsets < 1 or self.kid_subset_size < 2:
             raise EvaluationError("KID needs >= 1 subset of >= 2 images")
+        if self.only_class is not None:
+            if isinstance(self.only_class, bool) or not isinstance(self.only_class, (str, numbers.Integral)):
+                raise TypeError(f"only_class must be a class name or id, got {self.only_class!r}")
+            # One class is compared with that class's real images of the checkpoint's own data.
+            for option, value in (("--real-stats", self.real_stats), ("--data", self.image_dir)):
+                if value is not None:
+                    raise EvaluationError(f"one class (--class) is scored against the real images of that class in "
+                                          f"the checkpoint's data, so it takes no {option}")
 
     @classmethod
     def of(cls, source: PathLike, *, spec: SamplingSpec | None = None, steps: int | None = None,
