@@ -145,6 +145,28 @@ def test_the_all_split_joins_the_cached_train_and_val_features(tmp_path, monkeyp
     np.testing.assert_array_equal(labels, evaluation.select_real(expected_labels, 40))
 
 
+def test_the_train_and_val_splits_are_cut_from_cached_all_features(tmp_path, monkeypatch):
+    from ddim import data
+    from ddim.evaluation import reference
+
+    config, extractor = tiny_config(), tiny_extractor(evaluation.KID_IMAGE_SIZE)
+    (tmp_path / "cache").mkdir()
+    with mock_flowers():
+        (whole,), whole_labels = evaluation.labelled_real_features(config, "all", None, [extractor],
+                                                                   tmp_path / "cache", data_cache=tmp_path / "data")
+        num_train = len(data.load_split_labels(config, "train", tmp_path / "data"))
+        monkeypatch.setattr(reference, "_compute", lambda *a, **k: pytest.fail("the images were featurised again"))
+        (train,), train_labels = evaluation.labelled_real_features(config, "train", None, [extractor],
+                                                                   tmp_path / "cache", data_cache=tmp_path / "data")
+        (val,), val_labels = evaluation.labelled_real_features(config, "val", None, [extractor], tmp_path / "cache",
+                                                               data_cache=tmp_path / "data")
+    assert 0 < num_train < len(whole) and len(train) == num_train and len(train) + len(val) == len(whole)
+    np.testing.assert_array_equal(np.concatenate([train, val]), whole)
+    np.testing.assert_array_equal(np.concatenate([train_labels, val_labels]), whole_labels)
+    with mock_flowers():
+        np.testing.assert_array_equal(val_labels, data.load_split_labels(config, "val", tmp_path / "data"))
+
+
 # --------------------------------------------------------------------------- conditional checkpoints
 
 

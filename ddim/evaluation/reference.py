@@ -214,6 +214,8 @@ def _real(config: Config, split: str, real_num: int | None, extractors: Sequence
         todo = [extractors[index] for index in missing]
         if images is None and split == "all" and _parts_cached(config, todo, cache):
             computed, found = _joined_parts(config, real_num, todo, cache, log, data_cache, labelled)
+        elif images is None and split in ("train", "val") and _whole_cached(config, todo, cache):
+            computed, found = _part_of_whole(config, split, real_num, todo, cache, log, data_cache, labelled)
         else:
             computed, found = _compute(config, split, real_num, todo, log, show_progress, images, data_cache)
         labels = found if found is not None else labels
@@ -250,6 +252,29 @@ def _parts_cached(config: Config, extractors, cache: Path | None) -> bool:
         if not all(_cache_path(cache, config, part, None, ex, fingerprint).is_file() for ex in extractors):
             return False
     return True
+
+
+def _whole_cached(config: Config, extractors, cache: Path | None) -> bool:
+    """Whether the ``all`` features of every extractor are in the cache (so ``train`` and ``val`` are its parts)."""
+    from ddim import data as data_lib
+
+    if cache is None:
+        return False
+    fingerprint = data_lib.split_fingerprint(config, "all")
+    return all(_cache_path(cache, config, "all", None, ex, fingerprint).is_file() for ex in extractors)
+
+
+def _part_of_whole(config: Config, split: str, real_num: int | None, extractors, cache: Path, log, data_cache,
+                   labelled: bool):
+    """The ``train`` or ``val`` features cut from the cached ``all`` ones (the ``train`` images come first)."""
+    from ddim import data as data_lib
+
+    whole, whole_labels = _real(config, "all", None, extractors, cache, log, False, None, data_cache, labelled)
+    num_train = len(data_lib.load_split_labels(config, "train", data_cache, log))
+    part = slice(None, num_train) if split == "train" else slice(num_train, None)
+    log(f"real features: the {split!r} split cut from the cached 'all' features")
+    features = [select_real(features[part], real_num) for features in whole]
+    return features, None if whole_labels is None else select_real(whole_labels[part], real_num)
 
 
 def _joined_parts(config: Config, real_num: int | None, extractors, cache: Path, log, data_cache, labelled: bool):
