@@ -109,7 +109,8 @@ class Page:
         field.click()
         field.send_keys(Keys.CONTROL, "a")
         field.send_keys(typed)
-        self.wait.until(lambda d: [o.text for o in d.find_elements("css selector", "ul.options li")] == [expected])
+        options = "[data-testid=dropdown-option]"
+        self.wait.until(lambda d: [o.text for o in d.find_elements("css selector", options)] == [expected])
         field.send_keys(Keys.ENTER)
         self.wait.until(lambda d: field.get_attribute("value") == expected)
 
@@ -230,7 +231,8 @@ def test_a_class_found_by_searching_and_a_guidance_scale(conditional_page):
     page.set_number("sample-guidance", 2.5)
     page.element("sample-run").click()
     images = page.gallery_images("sample-gallery", 2, "#0 · seed 0 · class pink primrose · 2 steps")
-    assert images[1].get_attribute("alt") == "#1 · seed 0 · class pink primrose · 2 steps · ddim · uniform · guidance 2.5"
+    caption = images[1].get_attribute("alt")
+    assert caption == "#1 · seed 0 · class pink primrose · 2 steps · ddim · uniform · guidance 2.5"
     command = page.element("sample-info").text
     assert "--class 'pink primrose'" in command and "--guidance 2.5" in command
     # "Any" again: each image's class drawn from the seed, and named under it.

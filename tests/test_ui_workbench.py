@@ -237,7 +237,7 @@ def test_the_command_writes_the_spec_fields_the_page_set():
 
 
 class RecordingPipeline:
-    """A stand-in pipeline that records what each verb gets (no model, no compiling); with ``classes``, class-conditional."""
+    """A stand-in pipeline recording what each verb gets (no model, no compiling); with ``classes``, conditional."""
 
     path, step = None, None
 

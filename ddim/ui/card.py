@@ -47,7 +47,8 @@ class ModelCard:
         classes = f" · {self.classes} classes" if self.classes else ""
         return (
             f"**ddim** · {where}checkpoint `{self.checkpoint}` (step {self.step}, config `{self.config_name}`) · "
-            f"{size} images{classes} · {format_count(self.parameters)} parameters (EMA weights) · device: {self.device}"
+            f"{size} images{classes} · {format_count(self.parameters)} parameters (EMA weights) · "
+            f"device: {self.device}"
         )
 
 

@@ -310,8 +310,8 @@ def _interpolate_tab(workbench: Workbench, downloads: Downloads) -> None:
             return None
         return paths[int(min(max(index or 0, 0), len(paths) - 1))]
 
-    run.click(interpolate, [start_seed, start_image, end_seed, end_image, frames, steps, spacing, start_class, end_class,
-                            guidance], [strip, scrub, frame, animation, info, paths], api_name="interpolate", **ON_DEVICE)
+    inputs = [start_seed, start_image, end_seed, end_image, frames, steps, spacing, start_class, end_class, guidance]
+    run.click(interpolate, inputs, [strip, scrub, frame, animation, info, paths], api_name="interpolate", **ON_DEVICE)
     scrub.change(show_frame, [scrub, paths], frame, api_visibility="private", show_progress="hidden",
                  concurrency_limit=None)
 

@@ -43,7 +43,17 @@ from ddim.ui.checks import (  # noqa: F401 - MAX_* and ANY_CLASS re-exported
 )
 from ddim.ui.command import class_argument, cli_command
 from ddim.ui.device import DeviceSlot, Status
-from ddim.ui.results import Result, caption, collect_notices, file_stem, join, notes_text
+from ddim.ui.results import (
+    Result,
+    caption,
+    class_label,
+    classes_in_order,
+    collect_notices,
+    file_stem,
+    frame_class,
+    join,
+    notes_text,
+)
 from ddim.ui.uploads import Upload, check_mask, read_image, read_painted, require_upload, resize_mask
 
 # ``ddim sample``'s default --batch-size. The page generates in batches of the same size, so
@@ -92,11 +102,12 @@ class Workbench:
             ("generate", batches, spec.static, guided(spec)), f"{num_images} images x {spec.steps} steps", status,
             lambda: self.pipeline.generate(num_images, seed=seed, batch_size=CLI_BATCH_SIZE, spec=spec, classes=ids),
         )
-        captions = [f"#{i} · seed {seed} · {self.class_label(ids, i)}{caption(spec)}" for i in range(num_images)]
+        names = self.classes.names
+        captions = [f"#{i} · seed {seed} · {class_label(names, ids, i)}{caption(spec)}" for i in range(num_images)]
         command = self.command("sample", num=num_images, seed=seed, **self.class_option(chosen), spec=spec,
                                spec_fields=values)
-        names = [f"{file_stem(seed, spec)}_{i:04d}.png" for i in range(num_images)]
-        return Result(images, captions, command, seconds, compiled, names=names,
+        files = [f"{file_stem(seed, spec)}_{i:04d}.png" for i in range(num_images)]
+        return Result(images, captions, command, seconds, compiled, names=files,
                       details="Image #*i* is `NNNN.png` (*i* = NNNN) of this command:")
 
     def interpolate(self, start_seed, start_image: Upload | None, end_seed, end_image: Upload | None, frames, steps,
@@ -129,7 +140,8 @@ class Workbench:
         named = self.class_option(*dict.fromkeys(classes or ()))  # one --class when both ends have it
         command = self.command("interpolate", **{"from": start_label, "to": end_label}, frames=frames, **named,
                                spec=spec, spec_fields=values)
-        captions = [f"frame {i} of {frames}{self._frame_class(classes, i, frames)}" for i in range(frames)]
+        captions = [f"frame {i} of {frames}{frame_class(self.classes.names, classes, i, frames)}"
+                    for i in range(frames)]
         return Result(images, captions, command, seconds, compiled, details=notes_text(notes),
                       names=[f"interpolation_{i:04d}.png" for i in range(frames)],
                       animation=images, animation_name="interpolation.gif", noun="frame", frame_ms=INTERPOLATION_FRAME_MS)
@@ -177,7 +189,7 @@ class Workbench:
             ("edit", strength == 1.0, spec.static, guided(spec)), f"editing 1 image x {spec.steps} steps", status, work)
         command = self.command("edit", upload.name, strength=f"{strength:g}", seed=seed, **self.class_option(chosen),
                                spec=spec, spec_fields=values)
-        label = f"strength {strength:g} · seed {seed} · {self.class_label(ids, 0)}{caption(spec)}"
+        label = f"strength {strength:g} · seed {seed} · {class_label(self.classes.names, ids, 0)}{caption(spec)}"
         return Result(images, [label], command, seconds, compiled,
                       details=notes_text(notes), names=[f"edit_strength{strength:g}_seed{seed}.png"], inputs=inputs)
 
@@ -208,7 +220,7 @@ class Workbench:
         command = self.command("inpaint", upload.name, mask="mask.png", seed=seed, **self.class_option(chosen),
                                spec=spec, spec_fields=values)
         mask_image = np.repeat(mask[..., None].astype(np.uint8) * 255, 3, axis=-1)
-        label = f"inpainted · seed {seed} · {self.class_label(ids, 0)}{caption(spec)}"
+        label = f"inpainted · seed {seed} · {class_label(self.classes.names, ids, 0)}{caption(spec)}"
         return Result(images, [label], command, seconds, compiled,
                       details=join(notes_text(notes), "`mask.png` (white = filled) is offered for download."),
                       names=[f"inpaint_seed{seed}.png"], inputs=inputs, extras={"mask.png": mask_image})
@@ -237,15 +249,15 @@ class Workbench:
         return Result(grids, [f"after step {k + 1} of {count}" for k in range(count)], command, seconds, compiled,
                       names=[f"step_{k + 1:04d}.png" for k in range(count)],
                       details=join("The predicted clean image after each step, coarse to fine; the last is the sample.",
-                                   self.classes_in_order(ids), "`trajectory.gif` of this command:"), animation=animation, animation_name="trajectory.gif",
-                      noun="frame", frame_ms=TRAJECTORY_FRAME_MS)
+                                   classes_in_order(self.classes.names, ids), "`trajectory.gif` of this command:"),
+                      animation=animation, animation_name="trajectory.gif", noun="frame", frame_ms=TRAJECTORY_FRAME_MS)
 
     random_seed = staticmethod(random_seed)
 
     # -- classes --------------------------------------------------------------------------------
 
     def image_classes(self, class_name, spec: SamplingSpec, count: int, seed: int):
-        """``(the class picked or None for "any", the class id of each of count images)``; ``(None, None)`` without classes.
+        """``(class picked or None for "any", class id of each of count images)``; ``(None, None)`` without classes.
 
         "Any" draws the ids from ``seed`` as the pipeline (and ``ddim sample``
         without ``--class``) does; the pipeline then gets them as chosen, so the
@@ -257,29 +269,19 @@ class Workbench:
             return None, None
         return chosen, self.pipeline.class_ids(chosen, count, seed)
 
-    def class_label(self, ids, index: int) -> str:
-        """``class daisy · `` for image ``index``, or nothing without classes."""
-        return "" if ids is None else f"class {self.classes.names[int(ids[index])]} · "
-
     def class_option(self, *ids) -> dict[str, list[str]]:
         """The command's ``--class`` options for the classes picked (none for "any": the command draws the same)."""
-        named = [class_argument(self.classes, int(i)) for i in ids if i is not None]
-        return {"class": named} if named else {}
-
-    def classes_in_order(self, ids) -> str:
-        if ids is None:
-            return ""
-        return f"Classes in the grid's order: {', '.join(self.classes.names[int(i)] for i in ids)}."
+        return {"class": [class_argument(self.classes, int(i)) for i in ids if i is not None]}
 
     def _end_classes(self, *ends, spec: SamplingSpec) -> list[int] | None:
         """The class id at each end of an interpolation, ``(class picked, seed)`` each; "any" draws from that seed."""
-        picked = [check_class(value, self.classes, f"{which} class")
-                  for which, (value, _) in zip(("start", "end"), ends)]
+        ids = []
+        for which, (value, seed) in zip(("start", "end"), ends):
+            ids.append(check_class(value, self.classes, f"{which} class"))
+            if ids[-1] is None and self.classes.conditional:
+                ids[-1] = int(self.pipeline.class_ids(None, 1, check_seed(seed, f"{which} seed"))[0])
         check_guidance(spec, self.classes)
-        if not self.classes.conditional:
-            return None
-        return [chosen if chosen is not None else int(self.pipeline.class_ids(None, 1, check_seed(seed, f"{which} seed"))[0])
-                for which, chosen, (_, seed) in zip(("start", "end"), picked, ends)]
+        return ids if self.classes.conditional else None
 
     def _interpolation_options(self, classes: list[int] | None) -> dict[str, Any]:
         """``classes=[start, end]`` for :meth:`Pipeline.interpolate`, when the model has classes.
@@ -293,15 +295,6 @@ class Workbench:
             raise UIError("this version of ddim cannot give an interpolation's frames classes "
                           "(its Pipeline.interpolate takes no classes=)")
         return {"classes": classes}
-
-    def _frame_class(self, classes: list[int] | None, index: int, frames: int) -> str:
-        """`` · class daisy`` at the ends, `` · class daisy → sunflower`` between two classes."""
-        if classes is None:
-            return ""
-        start, end = (self.classes.names[i] for i in classes)
-        if start == end or index in (0, frames - 1):
-            return f" · class {start if index < frames - 1 else end}"
-        return f" · class {start} → {end}"
 
     # -- checks and uploads ---------------------------------------------------------------------
 
