@@ -87,6 +87,28 @@ def trained_workdir(tmp_path_factory) -> Path:
     return workdir
 
 
+# The classes of `conditional_workdir`: a name with a space (quoted in commands) and one of digits (an id to the CLI).
+CONDITIONAL_CLASSES = ("daisy", "pink primrose", "2", "sunflower")
+
+
+@pytest.fixture(scope="session")
+def conditional_workdir(tmp_path_factory) -> Path:
+    """A tiny class-conditional model trained for 2 steps on an image folder of :data:`CONDITIONAL_CLASSES`."""
+    import json
+
+    from ddim.train import train
+    from tests.image_folders import write_plain_folder
+
+    root = tmp_path_factory.mktemp("conditional")
+    for index, name in enumerate(CONDITIONAL_CLASSES):
+        write_plain_folder(root / "images" / name, 2 + index, start=10 * index)
+    config = tiny_config("model.class_conditional=true", f"data.image_dir={json.dumps(str(root / 'images'))}",
+                         "data.val_fraction=0.0", "train.eval_every=0", "train.batch_size=4", "train.max_steps=2",
+                         "train.checkpoint_every=2")
+    train(config, root / "run", log=lambda message: None)
+    return root / "run"
+
+
 @pytest.fixture(scope="session")
 def ui_server(trained_workdir):
     """``ddim serve`` on the tiny trained model (127.0.0.1, a free port), for the API and browser tests.
@@ -99,3 +121,13 @@ def ui_server(trained_workdir):
         yield server
     assert server.process.returncode == 0, server.output
     assert not server.temp_dir.exists(), f"{server.temp_dir} was not removed"
+
+
+@pytest.fixture(scope="session")
+def conditional_ui_server(conditional_workdir):
+    """``ddim serve`` on the tiny class-conditional model, as :func:`ui_server`."""
+    from tests.ui_harness import serving
+
+    with serving(conditional_workdir, "--max-images", "8", "--max-steps", "50") as server:
+        yield server
+    assert server.process.returncode == 0, server.output

@@ -101,6 +101,19 @@ class Page:
         field.send_keys(value, Keys.ENTER)
         self.wait.until(lambda d: field.get_attribute("value") == value)
 
+    def search(self, element_id, typed, expected):
+        """Type ``typed`` into a searchable dropdown and take the first match, which must be ``expected``."""
+        from selenium.webdriver.common.keys import Keys
+
+        field = self.element(element_id).find_element("css selector", "input")
+        field.click()
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(typed)
+        options = "[data-testid=dropdown-option]"
+        self.wait.until(lambda d: [o.text for o in d.find_elements("css selector", options)] == [expected])
+        field.send_keys(Keys.ENTER)
+        self.wait.until(lambda d: field.get_attribute("value") == expected)
+
     def number(self, element_id) -> str:
         return self.element(element_id).find_element("css selector", "input[type=number]").get_attribute("value")
 
@@ -143,6 +156,12 @@ def test_sample_shows_images_and_says_when_it_compiles(page):
     page.element("sample-run").click()
     page.gallery_images("sample-gallery", 3, f"#0 · seed {seed} · 7 steps · dpmpp-2m")
     page.choose("sample-sampler", "ddim")
+
+
+def test_an_unconditional_page_has_no_class_picker_and_no_guidance(page):
+    for tab in ("sample", "interpolate-start", "interpolate-end", "edit", "inpaint", "trajectory"):
+        assert page.driver.find_elements("id", f"{tab}-class") == []
+    assert page.driver.find_elements("css selector", "[id$=-guidance]") == []
 
 
 def test_edit_an_uploaded_image(page, files):
@@ -192,3 +211,35 @@ def test_a_text_file_gets_a_message_then_sampling_works_again(page, files):
     page.set_number("sample-seed", 5)
     page.element("sample-run").click()
     page.gallery_images("sample-gallery", 3, "#0 · seed 5 · 7 steps")
+
+
+@pytest.fixture(scope="module")
+def conditional_page(conditional_ui_server):
+    from tests.ui_harness import headless_chromium
+
+    with headless_chromium() as driver:
+        driver.get(conditional_ui_server.url)
+        yield Page(driver)
+
+
+def test_a_class_found_by_searching_and_a_guidance_scale(conditional_page):
+    page = conditional_page
+    page.tab("Sample")
+    page.set_number("sample-images", 2)
+    page.set_number("sample-steps", 2)
+    page.search("sample-class", "prim", "pink primrose")
+    page.set_number("sample-guidance", 2.5)
+    page.element("sample-run").click()
+    images = page.gallery_images("sample-gallery", 2, "#0 · seed 0 · class pink primrose · 2 steps")
+    caption = images[1].get_attribute("alt")
+    assert caption == "#1 · seed 0 · class pink primrose · 2 steps · ddim · uniform · guidance 2.5"
+    command = page.element("sample-info").text
+    assert "--class 'pink primrose'" in command and "--guidance 2.5" in command
+    # "Any" again: each image's class drawn from the seed, and named under it.
+    from ddim.ui.page import ANY_CLASS_LABEL
+
+    page.search("sample-class", "any", ANY_CLASS_LABEL)
+    page.set_number("sample-seed", 4)
+    page.element("sample-run").click()
+    images = page.gallery_images("sample-gallery", 2, "#0 · seed 4 · class ")
+    assert "--class" not in page.element("sample-info").text

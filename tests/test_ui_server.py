@@ -163,3 +163,48 @@ def test_the_server_reads_and_serves_no_file_of_the_requests_choosing(ui_server,
     big = io.BytesIO(b"\0" * (50 * 1024 * 1024 + 1))
     response = httpx.post(f"{ui_server.url}gradio_api/upload", files={"files": ("big.png", big, "image/png")}, timeout=120)
     assert response.status_code == 413
+
+
+def test_a_class_conditional_page_through_its_api(conditional_ui_server, tmp_path_factory):
+    """The class and guidance reach the verbs, the captions and the command; a stale class gets the page's message."""
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    from ddim.ui.checks import ANY_CLASS
+    from tests.test_ui_classes import INTERPOLATE_TAKES_CLASSES
+    from tests.test_ui_workbench import gradient, png_bytes
+
+    client = Client(conditional_ui_server.url, verbose=False, download_files=str(tmp_path_factory.mktemp("classes")))
+    parameters = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/sample"]["parameters"]
+    assert [p["parameter_name"] for p in parameters][-2:] == ["class_name", "guidance"]
+    gallery, info = client.predict(2, 2, 3, 0, "ddim", "uniform", "pink primrose", 2, api_name="/sample")
+    assert [item["caption"] for item in gallery] == [
+        f"#{i} · seed 3 · class pink primrose · 2 steps · ddim · uniform · guidance 2" for i in range(2)]
+    assert "--seed 3 --class 'pink primrose' --steps 2" in info and "--guidance 2" in info
+    gallery, info = client.predict(3, 2, 3, 0, "ddim", "uniform", ANY_CLASS, 1, api_name="/sample")
+    assert all(item["caption"].split(" · ")[2].startswith("class ") for item in gallery) and "--class" not in info
+    photo = tmp_path_factory.mktemp("photo") / "photo.png"
+    photo.write_bytes(png_bytes(gradient(20, 20)))
+    _, _, info = client.predict(handle_file(str(photo)), 0.5, 2, 1, 0, "ddim", "uniform", "daisy", 0, api_name="/edit")
+    assert "ddim edit photo.png" in info and "--class daisy" in info and "--guidance 0" in info
+    frames, _, info = client.predict(1, 2, 0, 0, "ddim", "uniform", "sunflower", 3, api_name="/trajectory")
+    assert "--class sunflower" in info and "Classes in the grid's order: sunflower." in info
+    ends = (0, None, 1, None, 3, 2, "uniform", "daisy", "sunflower", 1)
+    if INTERPOLATE_TAKES_CLASSES:
+        strip, *_, info = client.predict(*ends, api_name="/interpolate")
+        assert strip[-1]["caption"] == "frame 2 of 3 · class sunflower" and "--class daisy --class sunflower" in info
+    else:
+        with pytest.raises(AppError, match="takes no classes="):
+            client.predict(*ends, api_name="/interpolate")
+    for stale, api_name, arguments in (
+        ("tulip", "/sample", (2, 2, 0, 0, "ddim", "uniform", "tulip", 1)),
+        ("tulip", "/interpolate", (0, None, 1, None, 3, 2, "uniform", ANY_CLASS, "tulip", 1)),
+    ):
+        with pytest.raises(AppError) as error:
+            client.predict(*arguments, api_name=api_name)
+        assert f"'{stale}' is not one of this checkpoint's 4 classes" in str(error.value)
+        assert "reload the page" in str(error.value)
+    with pytest.raises(AppError, match="the guidance scale must be >= 0, got -1"):
+        client.predict(2, 2, 0, 0, "ddim", "uniform", "daisy", -1, api_name="/sample")
+    gallery, _ = client.predict(1, 2, 0, 0, "ddim", "uniform", "2", 1, api_name="/sample")  # still serving
+    assert gallery[0]["caption"].startswith("#0 · seed 0 · class 2 · ")

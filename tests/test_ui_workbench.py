@@ -237,33 +237,52 @@ def test_the_command_writes_the_spec_fields_the_page_set():
 
 
 class RecordingPipeline:
-    """A stand-in pipeline that records the spec each verb gets (no model, no compiling)."""
+    """A stand-in pipeline recording what each verb gets (no model, no compiling); with ``classes``, conditional."""
 
     path, step = None, None
 
-    def __init__(self):
+    def __init__(self, classes=(), counts=None):
         from types import SimpleNamespace
+
+        from ddim.sampling.classes import ClassSpace
 
         self.config = SimpleNamespace(name="stub", model=SimpleNamespace(image_size=4, channels=3))
         self.variables = {"params": {}}
-        self.specs = []
+        self.class_space = ClassSpace(True, tuple(classes), tuple(counts or ())) if classes else ClassSpace(False)
+        self.classes = self.class_space.names
+        self.specs, self.calls = [], []
 
-    def generate(self, num_images, seed, batch_size, spec):
-        self.specs.append(spec)
-        return np.zeros((num_images, 4, 4, 3), np.uint8)
+    def class_ids(self, classes, num_images, seed=0):
+        return self.class_space.resolve(classes, num_images, seed)
 
-    def trajectory(self, num_images, seed, batch_size, spec):
+    def _record(self, verb, spec, classes, count):
         self.specs.append(spec)
-        return np.zeros((spec.steps, num_images, 4, 4, 3), np.uint8)
+        self.calls.append((verb, spec, None if classes is None else np.asarray(classes).tolist()))
+        return np.zeros((count, 4, 4, 3), np.uint8)
+
+    def generate(self, num_images, seed, batch_size, spec, classes=None):
+        return self._record("generate", spec, classes, num_images)
+
+    def trajectory(self, num_images, seed, batch_size, spec, classes=None):
+        return np.stack([self._record("trajectory", spec, classes, num_images)] * spec.steps)
+
+    def edit(self, images, strength, seed, spec, classes=None):
+        return self._record("edit", spec, classes, len(images))
+
+    def latents(self, num_images, seed):
+        return np.random.default_rng(seed).normal(size=(num_images, 4, 4, 3))
+
+    def interpolate(self, a, b, frames, spec, batch_size, classes=None):
+        return self._record("interpolate", spec, classes, frames)
 
 
 def test_a_new_spec_field_passes_through_the_verbs_unchanged():
-    """What a guidance slider would send reaches the pipeline, the captions, the file names and the command."""
-    pipeline = RecordingPipeline()
+    """What the guidance slider sends reaches the pipeline, the captions, the file names and the command."""
+    pipeline = RecordingPipeline(classes=("daisy",))
     bench = Workbench(pipeline, Limits(max_images=4, max_steps=8))
     result = bench.sample(2, 3, 5, 0.5, guidance="1.5")
     assert pipeline.specs[-1] == SamplingSpec(steps=3, eta=0.5, guidance=1.5)
-    assert result.captions[0] == "#0 · seed 5 · 3 steps · ddim · uniform · eta 0.5 · guidance 1.5"
+    assert result.captions[0] == "#0 · seed 5 · class daisy · 3 steps · ddim · uniform · eta 0.5 · guidance 1.5"
     assert result.names[0] == "seed5_3steps_ddim_uniform_eta0.5_guidance1.5_0000.png"
     assert result.command.endswith("--num 2 --seed 5 --steps 3 --sampler ddim --spacing uniform --eta 0.5 --guidance 1.5")
     result = bench.trajectory(1, 2, 0, guidance=3)

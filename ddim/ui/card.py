@@ -22,6 +22,7 @@ class ModelCard:
     image_size: int
     parameters: int
     device: str
+    classes: int = 0  # of a class-conditional model
 
     @classmethod
     def of(cls, pipeline) -> "ModelCard":
@@ -37,14 +38,17 @@ class ModelCard:
             image_size=pipeline.config.model.image_size,
             parameters=parameters,
             device=describe_devices(jax.devices()),
+            classes=len(pipeline.classes),
         )
 
     def markdown(self) -> str:
         size = f"{self.image_size}x{self.image_size}"
         where = f"work directory `{self.workdir}` · " if self.workdir is not None else ""
+        classes = f" · {self.classes} classes" if self.classes else ""
         return (
             f"**ddim** · {where}checkpoint `{self.checkpoint}` (step {self.step}, config `{self.config_name}`) · "
-            f"{size} images · {format_count(self.parameters)} parameters (EMA weights) · device: {self.device}"
+            f"{size} images{classes} · {format_count(self.parameters)} parameters (EMA weights) · "
+            f"device: {self.device}"
         )
 
 

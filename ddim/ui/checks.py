@@ -1,10 +1,11 @@
-"""The page's checks on the values the browser sent: numbers, seeds, the server's limits, the sampling spec.
+"""The page's checks on the values the browser sent: numbers, seeds, the server's limits, the sampling spec, classes.
 
 Values arrive as the browser sent them (numbers may be strings, floats or out
 of range); every check returns the value in its proper type or raises
 :class:`UIError` with a message that names the field. The sampler settings
 become one :class:`~ddim.spec.SamplingSpec`: the page checks only its own
 ranges (the server's ``--max-steps``, eta up to 1), the spec checks the rest.
+A class picker's value becomes a class id of the model (:func:`check_class`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from ddim.errors import InputError, UserError
 from ddim.spec import SamplingSpec
+
+if TYPE_CHECKING:  # the sampling package imports JAX; these checks need only the class names
+    from ddim.sampling.classes import ClassSpace
 
 # Uploads larger than this are refused before decoding (a 6000x4000 photo is 24 MP). The
 # model works at its own small size anyway; the limit bounds the memory one request can take.
@@ -26,6 +30,10 @@ MAX_SEED = 2**32 - 1
 
 # Highest eta offered: 0 is deterministic DDIM, 1 the DDPM posterior (DDIM eq. 16).
 MAX_ETA = 1.0
+
+# The class picker's choice of no particular class: each image's class is drawn from the seed as the
+# training data's classes are distributed (what `ddim sample` does without --class). Not a class name.
+ANY_CLASS = "(any)"
 
 
 class UIError(UserError, ValueError):
@@ -92,6 +100,34 @@ def sampling_spec(values: Mapping[str, Any], ranges: Mapping[str, Range]) -> Sam
     return spec
 
 
+def check_class(value, classes: "ClassSpace", name: str = "class") -> int | None:
+    """The class id a picker sent, or None for :data:`ANY_CLASS` (also sent as None or "").
+
+    A class is one of the model's names exactly (so a name made of digits is
+    that name), or as :meth:`ClassSpace.class_id` reads it (any case, or an
+    id). A name the model does not have is most likely a page opened before
+    the server changed checkpoints; the message says to reload it.
+    """
+    if value is None or (isinstance(value, str) and value.strip() in ("", ANY_CLASS)):
+        return None
+    if not classes.conditional:
+        raise UIError(f"this checkpoint is not class-conditional, so it takes no {name} (got {value!r})")
+    if value in classes.names:
+        return classes.names.index(value)
+    try:
+        return classes.class_id(value)
+    except InputError:
+        raise UIError(f"{name} {value!r} is not one of this checkpoint's {len(classes.names)} classes "
+                      "(pick one from the menu; reload the page if the server has changed checkpoints)") from None
+
+
+def check_guidance(spec: SamplingSpec, classes: "ClassSpace") -> None:
+    """Refuse a guidance scale for a model without classes (the spec has checked its value)."""
+    if spec.guidance is not None and not classes.conditional:
+        raise UIError(f"this checkpoint is not class-conditional, so it takes no guidance scale "
+                      f"(got {spec.guidance:g})")
+
+
 def check_seed(seed, name: str = "seed") -> int:
     return check_integer(name, seed, 0, MAX_SEED)
 
@@ -109,7 +145,6 @@ def check_integer(name: str, value, low: int, high: int, option: str | None = No
 
 def check_number(name: str, value, low: float, high: float, option: str | None = None) -> float:
     return float(_check_range(name, _as_number(name, value), low, high, option))
-
 
 
 def _as_number(name: str, value) -> float:

@@ -15,10 +15,13 @@ def cli_command(checkpoint: Path | None, verb: str, *arguments: str, spec: Sampl
 
     Uploads are named as the user named them. Only the spec fields the page set
     are written (the interpolate and reconstruct commands take no ``--sampler``).
+    An option whose value is a list is repeated (``--class a --class b``); one
+    that is None is left out.
     """
     parts = ["ddim", verb, *arguments, "--checkpoint", str(checkpoint)]
     for name, value in options.items():
-        parts += [f"--{name.replace('_', '-')}", str(value)]
+        for item in value if isinstance(value, (list, tuple)) else [] if value is None else [value]:
+            parts += [f"--{name.replace('_', '-')}", str(item)]
     if spec is not None:
         parts += spec_options(spec, spec_fields)
     return shlex.join(parts)
@@ -29,3 +32,16 @@ def spec_options(spec: SamplingSpec, fields: Collection[str]) -> list[str]:
     options = spec.cli_options(skip_defaults=False)
     pairs = zip(options[::2], options[1::2])
     return [part for option, value in pairs if option.removeprefix("--") in fields for part in (option, value)]
+
+
+def class_argument(classes, class_id: int) -> str:
+    """What ``--class`` says for class ``class_id`` of ``classes`` (a :class:`~ddim.sampling.classes.ClassSpace`).
+
+    Its name, unless the command line would read that name as another class (a
+    name made of digits is read as an id): then its id.
+    """
+    name = classes.names[class_id]
+    try:
+        return name if classes.class_id(name) == class_id else str(class_id)
+    except ValueError:
+        return str(class_id)

@@ -27,7 +27,7 @@ from gradio.utils import get_upload_folder, is_in_or_equal
 from ddim.errors import UserError
 from ddim.images import save_gif, save_png
 from ddim.spec import SAMPLERS, SPACINGS, SamplingSpec
-from ddim.ui.checks import MAX_ETA, MAX_SEED, UIError
+from ddim.ui.checks import ANY_CLASS, MAX_ETA, MAX_SEED, UIError
 from ddim.ui.results import Result
 from ddim.ui.uploads import Upload
 from ddim.ui.workbench import MAX_TRAJECTORY_IMAGES, MAX_TRAJECTORY_STEPS, Workbench
@@ -168,6 +168,10 @@ def build_page(workbench: Workbench) -> gr.Blocks:
 DEFAULTS = SamplingSpec()
 SAMPLER_INFO = "dpmpp-2m/3m (DPM-Solver++) get closer to the converged image in few steps"
 SPACING_INFO = "the time grid: uniform in t (DDIM's), in log-SNR, or Karras'"
+# The guidance slider's range (the scale itself may be any number >= 0, as `ddim sample --guidance`).
+MAX_GUIDANCE_SHOWN = 8.0
+GUIDANCE_INFO = "classifier-free guidance: 1 is plain conditional sampling, 0 ignores the class, above 1 more like it"
+ANY_CLASS_LABEL = "any: drawn from the seed, as often as in the training data"
 
 
 def _steps(tab: str, limit: int, value: int = DEFAULTS.steps):
@@ -186,6 +190,24 @@ def _sampler_controls(tab: str, limit: int, stochastic: bool = True):
     eta = gr.Slider(0, MAX_ETA, value=0, step=0.05, label="eta (0: deterministic; 1: DDPM-like; ddim only)",
                     elem_id=f"{tab}-eta", visible=stochastic)
     return steps, sampler, spacing, eta
+
+
+def _class_controls(workbench: Workbench, tab: str, pickers=(("class", "class"),)):
+    """The class picker(s) (``(id suffix, label)`` each) and the guidance slider; returns them in that order.
+
+    A checkpoint without classes gets none of them: stand-ins that hold None
+    take their places in the handlers' inputs (and are no part of the page's API).
+    """
+    if not workbench.classes.conditional:
+        return [gr.State(None) for _ in range(len(pickers) + 1)]
+    choices = [(ANY_CLASS_LABEL, ANY_CLASS)] + [(name, name) for name in workbench.classes.names]
+    info = f"{len(workbench.classes.names)} classes; type to search"
+    with gr.Row():
+        controls = [gr.Dropdown(choices, value=ANY_CLASS, filterable=True, label=label, info=info,
+                                elem_id=f"{tab}-{suffix}") for suffix, label in pickers]
+    guidance = gr.Slider(0, MAX_GUIDANCE_SHOWN, value=1, step=0.25, label="guidance scale", info=GUIDANCE_INFO,
+                         elem_id=f"{tab}-guidance")
+    return [*controls, guidance]
 
 
 def _seed(tab: str, label: str = "seed"):
@@ -224,6 +246,7 @@ def _sample_tab(workbench: Workbench, downloads: Downloads) -> None:
         with gr.Column(scale=1, min_width=300):
             num = gr.Slider(1, limits.max_images, value=min(16, limits.max_images), step=1, label="images",
                             elem_id="sample-images")
+            class_name, guidance = _class_controls(workbench, "sample")
             steps, sampler, spacing, eta = _sampler_controls("sample", limits.max_steps)
             seed = _seed("sample")
             run = gr.Button("Generate", variant="primary", elem_id="sample-run")
@@ -232,12 +255,14 @@ def _sample_tab(workbench: Workbench, downloads: Downloads) -> None:
             info = gr.Markdown(elem_id="sample-info", elem_classes=["info"])
 
     @shown_in_page("Could not sample")
-    def sample(num, steps, seed, eta, sampler, spacing, progress=gr.Progress()):
-        result = workbench.sample(num, steps, seed, eta, sampler, spacing, status=_progress_status(progress))
+    def sample(num, steps, seed, eta, sampler, spacing, class_name, guidance, progress=gr.Progress()):
+        result = workbench.sample(num, steps, seed, eta, sampler, spacing, status=_progress_status(progress),
+                                  class_name=class_name, guidance=guidance)
         saved = downloads.save(result)
         return list(zip(saved.images, result.captions)), result.summary()
 
-    run.click(sample, [num, steps, seed, eta, sampler, spacing], [gallery, info], api_name="sample", **ON_DEVICE)
+    run.click(sample, [num, steps, seed, eta, sampler, spacing, class_name, guidance], [gallery, info],
+              api_name="sample", **ON_DEVICE)
 
 
 def _interpolate_tab(workbench: Workbench, downloads: Downloads) -> None:
@@ -255,6 +280,8 @@ def _interpolate_tab(workbench: Workbench, downloads: Downloads) -> None:
                     end_image = _upload("interpolate-end", "or to an image")
             frames = gr.Slider(2, max(2, limits.max_images), value=min(16, max(2, limits.max_images)), step=1,
                                label="frames (both ends included)", elem_id="interpolate-frames")
+            start_class, end_class, guidance = _class_controls(
+                workbench, "interpolate", (("start-class", "from class"), ("end-class", "to class")))
             steps, _, spacing, _ = _sampler_controls("interpolate", limits.max_steps, stochastic=False)
             run = gr.Button("Interpolate", variant="primary", elem_id="interpolate-run")
         with gr.Column(scale=2):
@@ -268,9 +295,11 @@ def _interpolate_tab(workbench: Workbench, downloads: Downloads) -> None:
     paths = gr.State([])
 
     @shown_in_page("Could not interpolate")
-    def interpolate(start_seed, start_image, end_seed, end_image, frames, steps, spacing, progress=gr.Progress()):
+    def interpolate(start_seed, start_image, end_seed, end_image, frames, steps, spacing, start_class, end_class,
+                    guidance, progress=gr.Progress()):
         result = workbench.interpolate(start_seed, uploaded(start_image), end_seed, uploaded(end_image), frames,
-                                       steps, spacing, status=_progress_status(progress))
+                                       steps, spacing, status=_progress_status(progress), start_class=start_class,
+                                       end_class=end_class, guidance=guidance)
         saved = downloads.save(result)
         count = len(saved.images)
         return (list(zip(saved.images, result.captions)), gr.Slider(0, count - 1, value=0, step=1), saved.images[0],
@@ -281,8 +310,8 @@ def _interpolate_tab(workbench: Workbench, downloads: Downloads) -> None:
             return None
         return paths[int(min(max(index or 0, 0), len(paths) - 1))]
 
-    run.click(interpolate, [start_seed, start_image, end_seed, end_image, frames, steps, spacing],
-              [strip, scrub, frame, animation, info, paths], api_name="interpolate", **ON_DEVICE)
+    inputs = [start_seed, start_image, end_seed, end_image, frames, steps, spacing, start_class, end_class, guidance]
+    run.click(interpolate, inputs, [strip, scrub, frame, animation, info, paths], api_name="interpolate", **ON_DEVICE)
     scrub.change(show_frame, [scrub, paths], frame, api_visibility="private", show_progress="hidden",
                  concurrency_limit=None)
 
@@ -320,6 +349,7 @@ def _edit_tab(workbench: Workbench, downloads: Downloads) -> None:
         with gr.Column(scale=1, min_width=300):
             image = _upload("edit")
             strength = gr.Slider(0.05, 1.0, value=0.6, step=0.05, label="strength", elem_id="edit-strength")
+            class_name, guidance = _class_controls(workbench, "edit")
             steps, sampler, spacing, eta = _sampler_controls("edit", limits.max_steps)
             seed = _seed("edit")
             run = gr.Button("Edit", variant="primary", elem_id="edit-run")
@@ -330,14 +360,14 @@ def _edit_tab(workbench: Workbench, downloads: Downloads) -> None:
             info = gr.Markdown(elem_id="edit-info", elem_classes=["info"])
 
     @shown_in_page("Could not edit")
-    def edit(image, strength, steps, seed, eta, sampler, spacing, progress=gr.Progress()):
+    def edit(image, strength, steps, seed, eta, sampler, spacing, class_name, guidance, progress=gr.Progress()):
         result = workbench.edit(uploaded(image), strength, steps, seed, eta, sampler, spacing,
-                                status=_progress_status(progress))
+                                status=_progress_status(progress), class_name=class_name, guidance=guidance)
         saved = downloads.save(result)
         return saved.inputs[0], saved.images[0], result.summary()
 
-    run.click(edit, [image, strength, steps, seed, eta, sampler, spacing], [seen, output, info], api_name="edit",
-              **ON_DEVICE)
+    run.click(edit, [image, strength, steps, seed, eta, sampler, spacing, class_name, guidance], [seen, output, info],
+              api_name="edit", **ON_DEVICE)
 
 
 def _inpaint_tab(workbench: Workbench, downloads: Downloads) -> None:
@@ -351,6 +381,7 @@ def _inpaint_tab(workbench: Workbench, downloads: Downloads) -> None:
                 format="png", image_mode="RGBA", transforms=(), layers=False, elem_id="inpaint-editor",
                 brush=gr.Brush(colors=[("#ff00ff", 0.7)], color_mode="fixed", default_size="auto"), height=420,
             )
+            class_name, guidance = _class_controls(workbench, "inpaint")
             steps, sampler, spacing, eta = _sampler_controls("inpaint", limits.max_steps)
             seed = _seed("inpaint")
             run = gr.Button("Inpaint", variant="primary", elem_id="inpaint-run")
@@ -362,15 +393,15 @@ def _inpaint_tab(workbench: Workbench, downloads: Downloads) -> None:
             info = gr.Markdown(elem_id="inpaint-info", elem_classes=["info"])
 
     @shown_in_page("Could not inpaint")
-    def inpaint(value, steps, seed, eta, sampler, spacing, progress=gr.Progress()):
+    def inpaint(value, steps, seed, eta, sampler, spacing, class_name, guidance, progress=gr.Progress()):
         image, painted = editor_image_and_mask(editor, value, workbench)
         result = workbench.inpaint(image, painted, steps, seed, eta, sampler, spacing,
-                                   status=_progress_status(progress))
+                                   status=_progress_status(progress), class_name=class_name, guidance=guidance)
         saved = downloads.save(result)
         return saved.inputs[0], saved.extras["mask.png"], saved.images[0], result.summary()
 
-    run.click(inpaint, [editor, steps, seed, eta, sampler, spacing], [seen, mask, output, info], api_name="inpaint",
-              **ON_DEVICE)
+    run.click(inpaint, [editor, steps, seed, eta, sampler, spacing, class_name, guidance], [seen, mask, output, info],
+              api_name="inpaint", **ON_DEVICE)
 
 
 def editor_image_and_mask(editor: gr.ImageEditor, value, workbench: Workbench) -> tuple[Upload | None, np.ndarray | None]:
@@ -405,6 +436,7 @@ def _trajectory_tab(workbench: Workbench, downloads: Downloads) -> None:
         with gr.Column(scale=1, min_width=300):
             num = gr.Slider(1, min(limits.max_images, MAX_TRAJECTORY_IMAGES), value=1, step=1, label="images",
                             elem_id="trajectory-images")
+            class_name, guidance = _class_controls(workbench, "trajectory")
             steps, sampler, spacing, eta = _sampler_controls("trajectory", min(limits.max_steps, MAX_TRAJECTORY_STEPS))
             seed = _seed("trajectory")
             run = gr.Button("Show the trajectory", variant="primary", elem_id="trajectory-run")
@@ -414,10 +446,11 @@ def _trajectory_tab(workbench: Workbench, downloads: Downloads) -> None:
             info = gr.Markdown(elem_id="trajectory-info", elem_classes=["info"])
 
     @shown_in_page("Could not show the trajectory")
-    def trajectory(num, steps, seed, eta, sampler, spacing, progress=gr.Progress()):
-        result = workbench.trajectory(num, steps, seed, eta, sampler, spacing, status=_progress_status(progress))
+    def trajectory(num, steps, seed, eta, sampler, spacing, class_name, guidance, progress=gr.Progress()):
+        result = workbench.trajectory(num, steps, seed, eta, sampler, spacing, status=_progress_status(progress),
+                                      class_name=class_name, guidance=guidance)
         saved = downloads.save(result)
         return list(zip(saved.images, result.captions)), saved.animation, result.summary()
 
-    run.click(trajectory, [num, steps, seed, eta, sampler, spacing], [frames, animation, info], api_name="trajectory",
-              **ON_DEVICE)
+    run.click(trajectory, [num, steps, seed, eta, sampler, spacing, class_name, guidance], [frames, animation, info],
+              api_name="trajectory", **ON_DEVICE)

@@ -56,6 +56,26 @@ def file_stem(seed: int, spec: SamplingSpec) -> str:
     return stem if spec.guidance is None else f"{stem}_guidance{spec.guidance:g}"
 
 
+def class_label(names, ids, index: int) -> str:
+    """``class daisy · `` for image ``index`` of class ids ``ids``; nothing without classes (``ids`` None)."""
+    return "" if ids is None else f"class {names[int(ids[index])]} · "
+
+
+def classes_in_order(names, ids) -> str:
+    """``Classes in the grid's order: daisy, rose.``; nothing without classes."""
+    return "" if ids is None else f"Classes in the grid's order: {', '.join(names[int(i)] for i in ids)}."
+
+
+def frame_class(names, ends, index: int, frames: int) -> str:
+    """`` · class daisy`` at an interpolation's ends, `` · class daisy → rose`` between; ``ends``: 2 ids or None."""
+    if ends is None:
+        return ""
+    start, end = (names[i] for i in ends)
+    if start == end or index in (0, frames - 1):
+        return f" · class {start if index < frames - 1 else end}"
+    return f" · class {start} → {end}"
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
