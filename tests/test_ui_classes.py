@@ -1,6 +1,5 @@
 """The web page of a class-conditional checkpoint: class pickers, the guidance slider, captions and commands."""
 
-import inspect
 import json
 import shlex
 
@@ -8,7 +7,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ddim.sampling import Pipeline
 from ddim.sampling.classes import ClassSpace
 from ddim.spec import SamplingSpec
 from ddim.ui.checks import ANY_CLASS, check_class, check_guidance
@@ -19,7 +17,6 @@ from tests.test_ui_workbench import RecordingPipeline, gradient, png_bytes
 
 NAMES = ("daisy", "pink primrose", "sunflower")
 SPACE = ClassSpace(True, NAMES, (1, 0, 3))
-INTERPOLATE_TAKES_CLASSES = "classes" in inspect.signature(Pipeline.interpolate).parameters
 
 
 def stub_bench(classes=NAMES):
@@ -105,18 +102,6 @@ def test_interpolation_goes_from_the_start_class_to_the_end_class():
     # One class at both ends: one --class.
     result = bench.interpolate(4, None, 9, None, 3, 2, start_class="daisy", end_class="daisy")
     assert result.command.count("--class daisy") == 1 and result.captions[1] == "frame 1 of 3 · class daisy"
-
-
-def test_an_interpolate_without_classes_refuses_a_conditional_interpolation():
-    """Until Pipeline.interpolate takes classes=, the page says so instead of giving frames random classes."""
-
-    class OlderPipeline(RecordingPipeline):
-        def interpolate(self, a, b, frames, spec, batch_size):
-            raise AssertionError("not to be called")
-
-    bench = Workbench(OlderPipeline(NAMES), Limits(max_images=6, max_steps=8))
-    with pytest.raises(UIError, match="takes no classes="):
-        bench.interpolate(0, None, 1, None, 3, 2)
 
 
 @pytest.mark.parametrize("verb", ["sample", "trajectory", "interpolate", "edit"])
@@ -236,7 +221,6 @@ def test_the_page_gives_the_pixels_of_its_command_with_a_class_and_guidance(cond
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not INTERPOLATE_TAKES_CLASSES, reason="Pipeline.interpolate takes no classes= yet")
 def test_a_real_interpolation_between_two_classes(conditional_bench):
     pipe = conditional_bench.pipeline
     result = conditional_bench.interpolate(1, None, 2, None, 3, 2, start_class="daisy", end_class="sunflower")

@@ -171,7 +171,6 @@ def test_a_class_conditional_page_through_its_api(conditional_ui_server, tmp_pat
     from gradio_client.exceptions import AppError
 
     from ddim.ui.checks import ANY_CLASS
-    from tests.test_ui_classes import INTERPOLATE_TAKES_CLASSES
     from tests.test_ui_workbench import gradient, png_bytes
 
     client = Client(conditional_ui_server.url, verbose=False, download_files=str(tmp_path_factory.mktemp("classes")))
@@ -190,12 +189,8 @@ def test_a_class_conditional_page_through_its_api(conditional_ui_server, tmp_pat
     frames, _, info = client.predict(1, 2, 0, 0, "ddim", "uniform", "sunflower", 3, api_name="/trajectory")
     assert "--class sunflower" in info and "Classes in the grid's order: sunflower." in info
     ends = (0, None, 1, None, 3, 2, "uniform", "daisy", "sunflower", 1)
-    if INTERPOLATE_TAKES_CLASSES:
-        strip, *_, info = client.predict(*ends, api_name="/interpolate")
-        assert strip[-1]["caption"] == "frame 2 of 3 · class sunflower" and "--class daisy --class sunflower" in info
-    else:
-        with pytest.raises(AppError, match="takes no classes="):
-            client.predict(*ends, api_name="/interpolate")
+    strip, *_, info = client.predict(*ends, api_name="/interpolate")
+    assert strip[-1]["caption"] == "frame 2 of 3 · class sunflower" and "--class daisy --class sunflower" in info
     for stale, api_name, arguments in (
         ("tulip", "/sample", (2, 2, 0, 0, "ddim", "uniform", "tulip", 1)),
         ("tulip", "/interpolate", (0, None, 1, None, 3, 2, "uniform", ANY_CLASS, "tulip", 1)),

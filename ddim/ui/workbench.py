@@ -17,7 +17,6 @@ tests call these methods directly.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Callable, Hashable, Mapping
 
@@ -284,17 +283,8 @@ class Workbench:
         return ids if self.classes.conditional else None
 
     def _interpolation_options(self, classes: list[int] | None) -> dict[str, Any]:
-        """``classes=[start, end]`` for :meth:`Pipeline.interpolate`, when the model has classes.
-
-        Guarded: a pipeline whose ``interpolate`` takes no ``classes`` refuses a
-        class-conditional interpolation instead of giving its frames random classes.
-        """
-        if classes is None:
-            return {}
-        if "classes" not in inspect.signature(self.pipeline.interpolate).parameters:
-            raise UIError("this version of ddim cannot give an interpolation's frames classes "
-                          "(its Pipeline.interpolate takes no classes=)")
-        return {"classes": classes}
+        """``classes=[start, end]`` for :meth:`Pipeline.interpolate`, when the model has classes."""
+        return {} if classes is None else {"classes": classes}
 
     # -- checks and uploads ---------------------------------------------------------------------
 
