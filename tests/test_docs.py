@@ -23,13 +23,6 @@ GUIDE = REPO / "docs"
 PAGES = [README, *sorted(GUIDE.rglob("*.md"))]
 FRONT_PAGE_MAX_LINES = 250
 
-# Images the documentation shows before they exist, each with the work that makes it. The link check skips
-# exactly these paths, and test_pending_images_are_still_pending fails as soon as one exists (or is no longer
-# linked), so an entry leaves with the work that made its file and cannot hide a broken link later.
-PENDING_IMAGES = {
-    "docs/images/flowers32-grid.png": "the bundled flowers model's sample grid (made once that model exists)",
-}
-
 _MARKDOWN = MarkdownIt("commonmark").enable("table")
 
 
@@ -85,8 +78,6 @@ def broken(page: Path, target: str) -> str | None:
     if REPO not in path.parents and path != REPO:
         return "points outside the repository"
     relative = path.relative_to(REPO).as_posix()
-    if relative in PENDING_IMAGES:
-        return None
     if not path.exists():
         return f"{relative} does not exist"
     if parts.fragment:
@@ -101,15 +92,6 @@ def broken(page: Path, target: str) -> str | None:
 def test_every_relative_link_and_anchor_resolves(page):
     problems = [f"{target}: {why}" for target in links(page) if (why := broken(page, target))]
     assert not problems, f"broken links in {page.relative_to(REPO)}:\n" + "\n".join(problems)
-
-
-def test_pending_images_are_still_pending():
-    linked = {(page.parent / unquote(urlsplit(target).path)).resolve().relative_to(REPO).as_posix()
-              for page in PAGES for target in links(page)
-              if not urlsplit(target).scheme and urlsplit(target).path}
-    for path, made_by in PENDING_IMAGES.items():
-        assert not (REPO / path).exists(), f"{path} exists now: remove it from PENDING_IMAGES ({made_by})"
-        assert path in linked, f"{path} is linked nowhere: remove it from PENDING_IMAGES"
 
 
 @pytest.mark.parametrize("heading, slug", [
