@@ -1,7 +1,8 @@
-"""What the quality benchmarks share: logging and the checkpoint to measure."""
+"""What the quality benchmarks share: logging, the model to measure, and FID as ``ddim eval --split all`` scores it."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -10,6 +11,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint PATH`` or ``--pretrained NAME`` (neither: train the smoke config)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--checkpoint", help="work dir, checkpoints dir or step dir (default: train the smoke config)")
+    group.add_argument("--pretrained", metavar="NAME", help="a model bundled with ddim (`ddim pretrained` lists them)")
+
+
+def model_source(args: argparse.Namespace, out: Path) -> Path | str:
+    """What ``ddim.load`` takes for :func:`add_model_options`' options: ``"pretrained:NAME"`` or a checkpoint."""
+    if args.pretrained is None:
+        return resolve_checkpoint(args.checkpoint, out)
+    from ddim.pretrained import PretrainedError
+    from ddim.pretrained.registry import find, source_of
+
+    try:
+        return source_of(find(args.pretrained).name)
+    except PretrainedError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def resolve_checkpoint(checkpoint: str | None, out: Path) -> Path:
@@ -23,3 +44,18 @@ def resolve_checkpoint(checkpoint: str | None, out: Path) -> Path:
     log(f"no --checkpoint: training configs/smoke.toml into {workdir} (a tiny model; numbers are illustrative)")
     train(load_config(REPO / "configs" / "smoke.toml"), workdir, log=lambda message: None)
     return workdir
+
+
+def score_fid(source, spec, num: int, eval_root: Path, *, seed: int = 0, batch_size: int = 64,
+              feature_extractor_factory=None) -> dict:
+    """``ddim eval``'s record of ``num`` samples of ``source`` (``spec``) against all real images at the model's size.
+
+    The docs' protocol: the standard FID Inception, ``--split all`` (every Flowers image), KID on all samples at
+    once. The real features are cached in ``<eval_root>/eval_cache`` (computed once, reused by every call) and the
+    record is appended to ``<eval_root>/eval.jsonl``.
+    """
+    from ddim.evaluation import EvalRequest, evaluate
+
+    request = EvalRequest(source, num=num, spec=spec, seed=seed, batch_size=batch_size, split="all",
+                          workdir=eval_root, kid_subset_size=num)
+    return evaluate(request, feature_extractor_factory=feature_extractor_factory, log=log, show_progress=False)

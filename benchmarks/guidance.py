@@ -32,7 +32,7 @@ import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log  # noqa: E402
+from common import log, score_fid  # noqa: E402
 
 if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
@@ -58,13 +58,11 @@ def read_results(out: Path) -> list[dict]:
 def score(pipe, guidance: float, steps: int, num: int, out: Path, batch_size: int = 64,
           feature_extractor_factory=None) -> dict:
     """FID, KID and class accuracy of ``num`` samples of ``pipe``'s checkpoint at ``guidance`` (``ddim eval``)."""
-    from ddim.evaluation import EvalRequest, evaluate
     from ddim.spec import SamplingSpec
 
     spec = SamplingSpec(steps=steps, sampler=SAMPLER, spacing=SPACING, guidance=guidance)
-    request = EvalRequest(pipe.path, num=num, spec=spec, split="all", workdir=out, batch_size=batch_size,
-                          kid_subset_size=num)
-    record = evaluate(request, feature_extractor_factory=feature_extractor_factory, log=log, show_progress=False)
+    record = score_fid(pipe.path, spec, num, out, batch_size=batch_size,
+                       feature_extractor_factory=feature_extractor_factory)
     keys = ("checkpoint", "step", "steps", "num", "sampler", "spacing", "guidance", "fid", "kid_mean",
             "class_accuracy", "real_val_class_accuracy", "chance", "real_num", "fid_feature_net", "wall_time_s")
     return {key: record[key] for key in keys}

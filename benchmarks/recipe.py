@@ -32,7 +32,7 @@ import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log  # noqa: E402
+from common import log, score_fid  # noqa: E402
 
 if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
@@ -93,13 +93,11 @@ def done(root: Path) -> set[tuple[str, int, str, str]]:
 
 def score(root: Path, variant: str, step: int, sampler: str, spacing: str, num: int) -> dict:
     """FID (and KID) of ``num`` samples of the checkpoint at ``step`` against all Flowers images."""
-    from ddim.evaluation import EvalRequest, evaluate
     from ddim.spec import SamplingSpec
     from ddim.workdir import Workdir
 
-    request = EvalRequest(Workdir(root / variant).checkpoints / str(step), num=num, split="all", workdir=root,
-                          spec=SamplingSpec(steps=20, sampler=sampler, spacing=spacing), kid_subset_size=num)
-    record = evaluate(request, log=log, show_progress=False)
+    record = score_fid(Workdir(root / variant).checkpoints / str(step),
+                       SamplingSpec(steps=20, sampler=sampler, spacing=spacing), num, root)
     return {"variant": variant, "step": step, "sampler": sampler, "spacing": spacing, "fid": record["fid"],
             "kid": record["kid_mean"], "num": num, "real_num": record["real_num"]}
 

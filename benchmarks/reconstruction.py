@@ -8,7 +8,8 @@ preprocessed as in training) and ``Pipeline.reconstruct`` of them (deterministic
 generation with the same time grid) at each of ``--steps``. Their CIFAR-10 numbers (32x32, a converged
 model, a schedule whose clean end has signal rate ~1) are printed beside ours.
 
-Without ``--checkpoint`` it trains ``configs/smoke.toml`` first and says so. Results are appended to
+``--pretrained NAME`` measures a model bundled with ddim; without it or ``--checkpoint`` it trains
+``configs/smoke.toml`` first and says so. Results are appended to
 ``<out>/reconstruction.jsonl`` (a rerun skips what is done) and a Markdown table is printed at the end.
 """
 
@@ -28,7 +29,7 @@ import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log, resolve_checkpoint  # noqa: E402
+from common import add_model_options, log, model_source  # noqa: E402
 
 if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
@@ -63,7 +64,7 @@ def markdown_table(results: list[dict]) -> str:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", help="work dir, checkpoints dir or step dir (default: train the smoke config)")
+    add_model_options(parser)
     parser.add_argument("--num", type=int, default=256, help="validation images (default 256)")
     parser.add_argument("--steps", default="10,20,50,100", help="comma-separated step counts")
     parser.add_argument("--spacing", default="uniform")
@@ -74,7 +75,7 @@ def main(argv=None) -> list[dict]:
 
     import numpy as np
 
-    pipe = ddim.load(resolve_checkpoint(args.checkpoint, args.out))
+    pipe = ddim.load(model_source(args, args.out))
     log(f"checkpoint {pipe.path} (step {pipe.step}, config {pipe.config.name})")
     images = validation_images(pipe.config, args.num)
     common = {"checkpoint": str(pipe.path), "step": pipe.step, "num": len(images), "spacing": args.spacing}

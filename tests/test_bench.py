@@ -1,4 +1,5 @@
-"""A smoke run of the benchmark script (the only benchmark in the suite), on an image folder without TensorFlow."""
+"""Smoke runs of the benchmark scripts: bench.py on an image folder without TensorFlow, the quality benchmarks on the
+tiny checkpoint (and a bundled model exported from it)."""
 
 import json
 import os
@@ -7,8 +8,27 @@ import sys
 
 import pytest
 
-from tests.conftest import CONFIGS, REPO
+from tests.conftest import CONFIGS, REPO, mock_flowers
 from tests.image_folders import write_plain_folder
+
+
+def load_benchmark(name: str):
+    """The module ``benchmarks/<name>.py`` (a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bundle(workdir, tmp_path, monkeypatch, name: str = "tiny16") -> str:
+    """``name``: the checkpoint of ``workdir`` exported as a bundled model into a registry of its own."""
+    from ddim.pretrained import ENV, export_checkpoint
+
+    export_checkpoint(workdir, name, root=tmp_path / "bundles")
+    monkeypatch.setenv(ENV, str(tmp_path / "bundles"))
+    return name
 
 
 def hide_tensorflow(tmp_path) -> dict:
@@ -69,11 +89,7 @@ def test_training_and_ddim_data_on_a_folder_need_no_tensorflow(tmp_path):
 
 @pytest.mark.slow
 def test_sampler_benchmark_runs_and_resumes(trained_workdir, tmp_path, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sampler_quality", REPO / "benchmarks" / "sampler_quality.py")
-    bench_samplers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_samplers)
+    bench_samplers = load_benchmark("sampler_quality")
 
     args = ["--checkpoint", str(trained_workdir), "--num", "4", "--batch-size", "2", "--steps", "2,3",
             "--samplers", "ddim,dpmpp-2m", "--spacings", "uniform,logsnr", "--reference-steps", "8",
@@ -94,18 +110,64 @@ def test_sampler_benchmark_runs_and_resumes(trained_workdir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_reconstruction_benchmark_runs(trained_workdir, tmp_path, capsys):
-    import importlib.util
-
-    from tests.conftest import mock_flowers
-
-    spec = importlib.util.spec_from_file_location("reconstruction", REPO / "benchmarks" / "reconstruction.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_reconstruction_benchmark_runs(trained_workdir, tmp_path, capsys, monkeypatch):
+    bench = load_benchmark("reconstruction")
     with mock_flowers():
         results = bench.main(["--checkpoint", str(trained_workdir), "--num", "4", "--steps", "2,8",
                               "--batch-size", "2", "--out", str(tmp_path)])
+        # The same weights bundled (--pretrained) reconstruct the same images as well.
+        bundled = bench.main(["--pretrained", bundle(trained_workdir, tmp_path, monkeypatch), "--num", "4",
+                              "--steps", "2", "--batch-size", "2", "--out", str(tmp_path / "bundled")])
     by_steps = {r["steps"]: r for r in results}
     assert set(by_steps) == {2, 8} and all(r["num"] == 4 and r["step"] == 6 for r in results)
     assert 0 <= by_steps[8]["mse"] < by_steps[2]["mse"] < 1
     assert "| 2 | " in capsys.readouterr().out
+    assert [(r["steps"], r["mse"]) for r in bundled] == [(2, by_steps[2]["mse"])]
+
+
+@pytest.mark.slow
+def test_sampler_benchmark_scores_the_fid_of_each_setting_of_a_bundled_model(trained_workdir, tmp_path, capsys,
+                                                                             monkeypatch):
+    from tests.test_evaluation import tiny_extractor
+
+    bench = load_benchmark("sampler_quality")
+    args = ["--pretrained", bundle(trained_workdir, tmp_path, monkeypatch), "--num", "4", "--batch-size", "4",
+            "--steps", "2", "--samplers", "ddim,dpmpp-2m", "--spacings", "uniform", "--reference-steps", "4",
+            "--check-num", "0", "--fid", "--fid-num", "4", "--eval-root", str(tmp_path / "eval"),
+            "--out", str(tmp_path / "out")]
+    with mock_flowers():
+        rows = bench.main(args, feature_extractor_factory=tiny_extractor)
+    fids = {(r["sampler"], r["steps"]): r for r in rows if "fid" in r}
+    rmses = {(r["sampler"], r["steps"]): r for r in rows if "rmse" in r}
+    assert set(fids) == set(rmses) == {("ddim", 2), ("dpmpp-2m", 2)}
+    for row in fids.values():
+        assert row["fid_num"] == 4 and row["step"] == 6 and row["fid"] > 0 and row["real_num"] == 64
+    # ddim eval --split all did the scoring: its lines and the real features' cache are in --eval-root.
+    evaluated = [json.loads(line) for line in (tmp_path / "eval" / "eval.jsonl").read_text().splitlines()]
+    assert [(e["sampler"], e["split"], e["num"], e["fid"]) for e in evaluated] == [
+        (sampler, "all", 4, fids[(sampler, 2)]["fid"]) for sampler in ("ddim", "dpmpp-2m")]
+    assert "real features: 64 images from the cache" in capsys.readouterr().err  # featurised once, for the first
+    lines = (tmp_path / "out" / "samplers.jsonl").read_text().splitlines()
+    bench.main(args, feature_extractor_factory=tiny_extractor)  # everything done: nothing appended, nothing scored
+    assert (tmp_path / "out" / "samplers.jsonl").read_text().splitlines() == lines
+    table = capsys.readouterr().out
+    assert "| steps | rank | sampler | spacing | FID | KID | RMSE to reference | s/image |" in table
+    best = min(fids.values(), key=lambda row: row["fid"])
+    assert f"| 2 | 1 | {best['sampler']} | uniform | {best['fid']:.1f} |" in table
+    assert f"{rmses[(best['sampler'], 2)]['rmse']:.4f}" in table
+
+
+def test_the_quality_benchmarks_refuse_bad_model_options(tmp_path, monkeypatch, capsys):
+    from ddim.pretrained import ENV
+
+    monkeypatch.setenv(ENV, str(tmp_path / "no-bundles"))
+    for name in ("sampler_quality", "reconstruction"):
+        bench = load_benchmark(name)
+        with pytest.raises(SystemExit, match=r"error: no bundled model named 'flowers32' \(none is bundled"):
+            bench.main(["--pretrained", "flowers32", "--out", str(tmp_path)])
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(["--pretrained", "flowers32", "--checkpoint", "runs/x", "--out", str(tmp_path)])
+        assert exit_info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        load_benchmark("sampler_quality").main(["--num", "0", "--out", str(tmp_path)])
+    assert "--num 0 measures no RMSE" in capsys.readouterr().err
