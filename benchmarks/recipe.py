@@ -107,8 +107,12 @@ def score(root: Path, variant: str, step: int, sampler: str, spacing: str, num: 
             "kid": record["kid_mean"], "num": num, "real_num": record["real_num"]}
 
 
-def seconds_per_step(variant: str, image_size: int, repeats: int = 10) -> float:
-    """Median wall time of one compiled training step at batch 64 (random images: the step does not care)."""
+def seconds_per_step(variants: list[str], image_size: int, rounds: int = 6) -> dict[str, float]:
+    """Median wall time of one compiled training step at batch 64 of each variant (random images).
+
+    Every variant is compiled first, then the steps run in interleaved rounds (one step of each variant per
+    round), so a slow spell of the machine falls on all of them alike: the ratios are what to compare.
+    """
     import functools
 
     import jax
@@ -118,22 +122,25 @@ def seconds_per_step(variant: str, image_size: int, repeats: int = 10) -> float:
     from ddim.objective import Objective
     from ddim.train import state as state_lib
 
-    config = load_config(REPO / "configs" / "flowers64.toml",
-                         [*overrides(variant, 4000, 1000), f"model.image_size={image_size}"])
-    state = state_lib.create_train_state(config, jax.random.key(0))
-    step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True,
-                                     objective=Objective.of(config.model, config)), donate_argnums=(0,))
     images = np.random.default_rng(0).integers(0, 256, (64, image_size, image_size, 3), dtype=np.uint8)
     batch = {"image": jax.numpy.asarray(images), "label": jax.numpy.full((64,), -1, jax.numpy.int32)}
-    state, metrics = step(state, batch, jax.random.key(1))  # compile
-    jax.block_until_ready(metrics)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        state, metrics = step(state, batch, jax.random.key(1))
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - started)
-    return float(np.median(times))
+    programs = {}
+    for variant in variants:
+        config = load_config(REPO / "configs" / "flowers64.toml",
+                             [*overrides(variant, 4000, 1000), f"model.image_size={image_size}"])
+        step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True,
+                                         objective=Objective.of(config.model, config)), donate_argnums=(0,))
+        state, metrics = step(state_lib.create_train_state(config, jax.random.key(0)), batch, jax.random.key(1))
+        jax.block_until_ready(metrics)  # compiled
+        programs[variant] = [step, state]
+    times: dict[str, list[float]] = {variant: [] for variant in variants}
+    for _ in range(rounds):
+        for variant, program in programs.items():
+            started = time.perf_counter()
+            program[1], metrics = program[0](program[1], batch, jax.random.key(1))
+            jax.block_until_ready(metrics)
+            times[variant].append(time.perf_counter() - started)
+    return {variant: float(np.median(values)) for variant, values in times.items()}
 
 
 def table(root: Path, timing: dict) -> str:
@@ -170,9 +177,10 @@ def main() -> None:
     timing_path = args.root / "timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     if args.time_only:
-        for variant in variants:
-            timing[variant] = {str(size): seconds_per_step(variant, size) for size in (32, 64)}
-            log(f"{variant}: {timing[variant]}")
+        for size in (32, 64):
+            for variant, seconds in seconds_per_step(variants, size).items():
+                timing.setdefault(variant, {})[str(size)] = seconds
+                log(f"{variant}: {seconds:.3f} s/step at {size}x{size}")
             timing_path.write_text(json.dumps(timing, indent=1))
     else:
         until = args.until or max(args.steps)
