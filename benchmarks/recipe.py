@@ -64,6 +64,13 @@ VARIANTS: dict[str, list[str]] = {
 }
 """Each change alone, and the combination; names are the work directories under --root."""
 
+ATTENTION_LAYOUTS: dict[str, list[str]] = {
+    "attention-h4": ["model.attention_resolutions=[16, 8]", "model.attention_heads=4"],
+    "attention-8-h4": ["model.attention_resolutions=[8]", "model.attention_heads=4"],
+    "attention-8-4-h4": ["model.attention_resolutions=[8, 4]", "model.attention_heads=4"],
+}
+"""Other places and head counts of attention, for --time-only (what each costs a CPU step)."""
+
 SAMPLERS = (("ddim", "uniform"), ("dpmpp-2m", "logsnr"))
 
 
@@ -72,7 +79,7 @@ LENGTH = 4000
 
 
 def overrides(variant: str, max_steps: int, checkpoint_every: int) -> list[str]:
-    return [*BASE, *VARIANTS[variant], f"train.max_steps={max_steps}", f"train.checkpoint_every={checkpoint_every}",
+    return [*BASE, *{**VARIANTS, **ATTENTION_LAYOUTS}[variant], f"train.max_steps={max_steps}", f"train.checkpoint_every={checkpoint_every}",
             f"train.lr_decay_steps={LENGTH}", f"name={json.dumps(variant)}"]
 
 
@@ -170,9 +177,10 @@ def main() -> None:
     parser.add_argument("--score-only", action="store_true", help="Only score the checkpoints there are (no training).")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
+    known = {**VARIANTS, **ATTENTION_LAYOUTS} if args.time_only else VARIANTS
+    unknown = [v for v in variants if v not in known]
     if unknown:
-        parser.error(f"unknown variant(s) {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+        parser.error(f"unknown variant(s) {', '.join(unknown)} (choose from {', '.join(known)})")
     args.root.mkdir(parents=True, exist_ok=True)
     timing_path = args.root / "timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
