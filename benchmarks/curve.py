@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 import ddim  # noqa: E402,F401  (sets the XLA flags before JAX starts)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import log  # noqa: E402
+from common import log, score_fid  # noqa: E402
 
 COLUMNS = ("step", "images_seen", "fid", "kid", "sampler", "spacing", "sample_steps", "guidance", "num",
            "real_num", "checkpoint")
@@ -56,22 +56,18 @@ def checkpoint_steps(workdir: Path, every: int) -> list[int]:
 
 def score_checkpoint(workdir: Path, step: int, num: int, guidance: float | None, eval_root: Path | None) -> dict:
     """FID and KID of ``num`` samples (20 steps of ddim/uniform) of the checkpoint at ``step``."""
-    from ddim.evaluation import EvalRequest, evaluate
+    from ddim.checkpoint import Checkpointer
     from ddim.spec import SamplingSpec
     from ddim.workdir import Workdir
 
     spec = SamplingSpec(steps=20, sampler="ddim", spacing="uniform", guidance=guidance)
-    checkpoint = Workdir(workdir).checkpoints / str(step)
-    request = EvalRequest(checkpoint, num=num, split="all", workdir=eval_root or workdir, spec=spec,
-                          kid_subset_size=num)
-    record = evaluate(request, log=log, show_progress=False)
-    from ddim.checkpoint import load_ema
-
-    batch_size = load_ema(checkpoint).config.train.batch_size
+    folder = Workdir(workdir).checkpoints
+    record = score_fid(folder / str(step), spec, num, eval_root or workdir)
+    batch_size = Checkpointer(folder, create=False).restore_config(step).train.batch_size
     return {"step": step, "images_seen": step * batch_size, "fid": f"{record['fid']:.3f}",
             "kid": f"{record['kid_mean']:.5f}", "sampler": "ddim", "spacing": "uniform", "sample_steps": 20,
             "guidance": "" if guidance is None else guidance, "num": num, "real_num": record["real_num"],
-            "checkpoint": str(checkpoint)}
+            "checkpoint": str(folder / str(step))}
 
 
 def score(args) -> None:
