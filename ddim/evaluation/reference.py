@@ -212,9 +212,9 @@ def _real(config: Config, split: str, real_num: int | None, extractors: Sequence
     missing = [index for index, result in enumerate(results) if result is None]
     if missing:
         todo = [extractors[index] for index in missing]
-        if images is None and split == "all" and _parts_cached(config, todo, cache):
+        if images is None and split == "all" and _splits_cached(config, ("train", "val"), todo, cache):
             computed, found = _joined_parts(config, real_num, todo, cache, log, data_cache, labelled)
-        elif images is None and split in ("train", "val") and _whole_cached(config, todo, cache):
+        elif images is None and split in ("train", "val") and _splits_cached(config, ("all",), todo, cache):
             computed, found = _part_of_whole(config, split, real_num, todo, cache, log, data_cache, labelled)
         else:
             computed, found = _compute(config, split, real_num, todo, log, show_progress, images, data_cache)
@@ -241,27 +241,17 @@ def _cache_path(cache: Path, config: Config, split: str, real_num: int | None, e
     return cache / f"real_{real_cache_key(config, split, real_num, extractor.identity, fingerprint)}.npz"
 
 
-def _parts_cached(config: Config, extractors, cache: Path | None) -> bool:
-    """Whether the ``train`` and ``val`` features of every extractor are in the cache (so ``all`` is their join)."""
+def _splits_cached(config: Config, splits: Sequence[str], extractors, cache: Path | None) -> bool:
+    """Whether the features of every one of ``splits`` (all images) of every extractor are in the cache."""
     from ddim import data as data_lib
 
     if cache is None:
         return False
-    for part in ("train", "val"):
-        fingerprint = data_lib.split_fingerprint(config, part)
-        if not all(_cache_path(cache, config, part, None, ex, fingerprint).is_file() for ex in extractors):
+    for split in splits:
+        fingerprint = data_lib.split_fingerprint(config, split)
+        if not all(_cache_path(cache, config, split, None, ex, fingerprint).is_file() for ex in extractors):
             return False
     return True
-
-
-def _whole_cached(config: Config, extractors, cache: Path | None) -> bool:
-    """Whether the ``all`` features of every extractor are in the cache (so ``train`` and ``val`` are its parts)."""
-    from ddim import data as data_lib
-
-    if cache is None:
-        return False
-    fingerprint = data_lib.split_fingerprint(config, "all")
-    return all(_cache_path(cache, config, "all", None, ex, fingerprint).is_file() for ex in extractors)
 
 
 def _part_of_whole(config: Config, split: str, real_num: int | None, extractors, cache: Path, log, data_cache,
