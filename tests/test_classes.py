@@ -213,7 +213,6 @@ def conditional_run(tmp_path_factory):
     return data, workdir
 
 
-@pytest.mark.slow
 def test_class_conditional_training_on_a_folder_then_sampling_by_name(conditional_run, tmp_path):
     from tests.test_cli import assert_one_line_error, invoke
 

@@ -33,7 +33,6 @@ def test_help_is_instant_and_imports_no_heavy_library():
     assert result.exit_code == 0 and "train" in result.output and "sample" in result.output
 
 
-@pytest.mark.slow
 def test_train_then_sample_end_to_end(tmp_path):
     workdir = tmp_path / "run"
     overrides = [arg for item in TINY for arg in ("--set", item)]

@@ -111,7 +111,6 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
         data.load_split(config, "train", cache_dir=tmp_path)
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(real_data_dir() is None, reason="the prepared oxford_flowers102 copy (../shared/tfds) is absent")
 def test_real_oxford_flowers_split_sizes_and_values(tmp_path):
     from ddim.config import Config

@@ -432,7 +432,6 @@ def test_eval_without_standard_weights_says_how_to_get_them(smoke_workdir, monke
     assert eval_lines(smoke_workdir) == before
 
 
-@pytest.mark.slow
 def test_eval_defaults_to_the_standard_network_caches_statistics_and_takes_real_stats(
     smoke_workdir, tmp_path, monkeypatch, no_weights_anywhere, random_standard_weights
 ):

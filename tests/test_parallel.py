@@ -34,7 +34,6 @@ def parse(code, stdout, stderr):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.slow
 def test_one_and_four_devices_train_the_same_function():
     one = run_worker("step", {}, devices=1)
     four = run_worker("step", {}, devices=4)

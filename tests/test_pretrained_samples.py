@@ -60,7 +60,6 @@ def check_not_noise(pipe, extractor, cache_dir) -> None:
         f"1/{FACTOR:g} of uniform noise's {noise:.2f}: its samples are not flowers")
 
 
-@pytest.mark.slow
 @needs_flowers
 @pytest.mark.parametrize("name", [manifest.name for manifest in available(PACKAGE_ROOT)])
 def test_a_bundled_models_samples_are_flowers_not_noise(name, fid_extractor, tmp_path, monkeypatch):
@@ -68,7 +67,6 @@ def test_a_bundled_models_samples_are_flowers_not_noise(name, fid_extractor, tmp
     check_not_noise(ddim.load(f"pretrained:{name}"), fid_extractor, tmp_path)
 
 
-@pytest.mark.slow
 @needs_flowers
 def test_the_check_fails_for_a_model_whose_samples_are_noise(trained_workdir, fid_extractor, tmp_path, monkeypatch):
     """The tiny checkpoint (6 steps on random mock images) exported as a bundled model makes noise."""

@@ -161,7 +161,6 @@ def write_image(path, size=(16, 16), seed=0):
     return path
 
 
-@pytest.mark.slow
 def test_every_tool_command_end_to_end(trained_workdir, tmp_path):
     a, b = write_image(tmp_path / "a.png"), write_image(tmp_path / "b.jpg", size=(24, 20), seed=1)
     mask = np.zeros((16, 16), np.uint8)

@@ -32,7 +32,6 @@ def _params(workdir, step):
     return state
 
 
-@pytest.mark.slow
 def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
     with mock_flowers():
         straight = loop.train(tiny_config("train.max_steps=7"), tmp_path / "straight", log=lambda m: None)

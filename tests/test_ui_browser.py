@@ -2,8 +2,6 @@
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def page(ui_server):
@@ -135,6 +133,7 @@ class Page:
         return self.wait.until(lambda d: text in self.element(element_id).text)
 
 
+@pytest.mark.slow
 def test_sample_shows_images_and_says_when_it_compiles(page):
     page.tab("Sample")
     page.set_number("sample-images", 3)
@@ -158,12 +157,14 @@ def test_sample_shows_images_and_says_when_it_compiles(page):
     page.choose("sample-sampler", "ddim")
 
 
+@pytest.mark.slow
 def test_an_unconditional_page_has_no_class_picker_and_no_guidance(page):
     for tab in ("sample", "interpolate-start", "interpolate-end", "edit", "inpaint", "trajectory"):
         assert page.driver.find_elements("id", f"{tab}-class") == []
     assert page.driver.find_elements("css selector", "[id$=-guidance]") == []
 
 
+@pytest.mark.slow
 def test_edit_an_uploaded_image(page, files):
     page.tab("Edit")
     page.upload("edit-upload", files / "photo.png")
@@ -175,6 +176,7 @@ def test_edit_an_uploaded_image(page, files):
     page.wait.until(lambda d: "ddim edit photo.png" in page.element("edit-info").text)
 
 
+@pytest.mark.slow
 def test_inpaint_a_painted_region(page, files):
     page.close_messages()
     page.tab("Inpaint")
@@ -197,6 +199,7 @@ def test_inpaint_a_painted_region(page, files):
     assert "ddim inpaint" in page.element("inpaint-info").text
 
 
+@pytest.mark.slow
 def test_a_text_file_gets_a_message_then_sampling_works_again(page, files):
     page.close_messages()
     page.tab("Reconstruct")

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +76,7 @@ def test_sample(client):
     assert len(gallery) == 2 and "--sampler dpmpp-2m --spacing logsnr" in info
 
 
+@pytest.mark.slow
 def test_interpolate_reconstruct_edit_inpaint_trajectory(client, files):
     from gradio_client import handle_file
 
@@ -98,6 +98,7 @@ def test_interpolate_reconstruct_edit_inpaint_trajectory(client, files):
     assert gif_milliseconds(gif) == (3 + 4) * 250 and "ddim sample --trajectory" in info  # the last frame held
 
 
+@pytest.mark.slow
 def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, files):
     from gradio_client import handle_file
     from gradio_client.exceptions import AppError
@@ -129,6 +130,7 @@ def test_bad_input_gets_a_message_and_the_server_keeps_serving(client, files):
     assert len(gallery) == 2
 
 
+@pytest.mark.slow
 def test_one_request_at_a_time_while_the_server_stays_responsive(client, ui_server):
     """A long request holds the device: a short one waits for it, while pages are still served."""
     from gradio_client.utils import Status
@@ -147,6 +149,7 @@ def test_one_request_at_a_time_while_the_server_stays_responsive(client, ui_serv
     assert len(long.result()[0]) == 8
 
 
+@pytest.mark.slow
 def test_the_server_reads_and_serves_no_file_of_the_requests_choosing(ui_server, trained_workdir):
     # A request naming a file on the server instead of uploading one is refused (a raw call: gradio_client
     # would upload the file from the client's side).
