@@ -58,11 +58,13 @@ VARIANTS: dict[str, list[str]] = {
     "schedule": SCHEDULE,
     "combined": ['model.prediction="velocity"', 'train.loss="mse"', 'train.loss_weighting="min-snr"', *ATTENTION,
                  'model.embedding_injection="every-block"', *SCHEDULE],
+    "fast": ['model.embedding_injection="every-block"', *SCHEDULE],
     "combined-h4": ['model.prediction="velocity"', 'train.loss="mse"', 'train.loss_weighting="min-snr"',
                     "model.attention_resolutions=[16, 8]", "model.attention_heads=4",
                     'model.embedding_injection="every-block"', *SCHEDULE],
 }
-"""Each change alone, and the combination; names are the work directories under --root."""
+"""Each change alone, every change together (combined, combined-h4), and the changes that helped alone (fast:
+configs/flowers32.toml's recipe); names are the work directories under --root."""
 
 ATTENTION_LAYOUTS: dict[str, list[str]] = {
     "attention-h4": ["model.attention_resolutions=[16, 8]", "model.attention_heads=4"],

@@ -171,3 +171,18 @@ def test_the_quality_benchmarks_refuse_bad_model_options(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         load_benchmark("sampler_quality").main(["--num", "0", "--out", str(tmp_path)])
     assert "--num 0 measures no RMSE" in capsys.readouterr().err
+
+
+def test_the_fast_config_is_the_ablations_fast_variant():
+    """configs/flowers32.toml is the recipe benchmarks/recipe.py measured as ``fast``: the Keras config with the
+    ablation's base and the variant's overrides gives the same model and the same training objective and schedule."""
+    from ddim.config import load_config
+
+    recipe = load_benchmark("recipe")
+    measured = load_config(REPO / "configs" / "flowers64.toml", [*recipe.BASE, *recipe.VARIANTS["fast"]])
+    shipped = load_config(REPO / "configs" / "flowers32.toml")
+    assert shipped.model == measured.model
+    fields = ("batch_size", "learning_rate", "lr_schedule", "warmup_steps", "grad_clip", "loss", "loss_weighting",
+              "label_dropout", "weight_decay", "adam_eps", "ema_decay", "ema_warmup", "seed")
+    assert {f: getattr(shipped.train, f) for f in fields} == {f: getattr(measured.train, f) for f in fields}
+    assert shipped.data.dataset == measured.data.dataset
