@@ -94,7 +94,9 @@ def train(root: Path, variant: str, steps: list[int], until: int) -> None:
     for override in [*overrides(variant, until, every), f"data.cache_dir={json.dumps(str(root / 'data_cache'))}"]:
         command += ["--set", override]
     log(f"{variant}: training to step {until}")
-    subprocess.run(command, check=True)
+    code = subprocess.run(command).returncode
+    if code:  # ddim train has said why (and saved its state if it was stopped); a rerun resumes it
+        raise SystemExit(f"error: training {variant} stopped with exit status {code}; rerun to resume")
 
 
 def done(root: Path) -> set[tuple[str, int, str, str]]:
@@ -211,4 +213,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # results so far are in results.jsonl; a rerun skips them
+        raise SystemExit("interrupted: rerun the same command to resume") from None
