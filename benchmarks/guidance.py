@@ -55,13 +55,14 @@ def read_results(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def score(pipe, guidance: float, steps: int, num: int, out: Path, batch_size: int = 64,
+def score(source, guidance: float, steps: int, num: int, out: Path, batch_size: int = 64,
           feature_extractor_factory=None) -> dict:
-    """FID, KID and class accuracy of ``num`` samples of ``pipe``'s checkpoint at ``guidance`` (``ddim eval``)."""
+    """FID, KID and class accuracy of ``num`` samples of ``source`` (a checkpoint, or ``"pretrained:NAME"``) at
+    ``guidance`` (``ddim eval``)."""
     from ddim.spec import SamplingSpec
 
     spec = SamplingSpec(steps=steps, sampler=SAMPLER, spacing=SPACING, guidance=guidance)
-    record = score_fid(pipe.path, spec, num, out, batch_size=batch_size,
+    record = score_fid(source, spec, num, out, batch_size=batch_size,
                        feature_extractor_factory=feature_extractor_factory)
     keys = ("checkpoint", "step", "steps", "num", "sampler", "spacing", "guidance", "fid", "kid_mean",
             "class_accuracy", "real_val_class_accuracy", "chance", "real_num", "fid_feature_net", "wall_time_s")
@@ -113,7 +114,8 @@ def write_grid(pipe, classes: list[str], guidance: float, steps: int, seeds: int
 
 def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="A class-conditional work directory or checkpoint step dir.")
+    parser.add_argument("checkpoint", help="A class-conditional work directory, checkpoint step dir, or "
+                        "pretrained:NAME (a bundled model).")
     parser.add_argument("--out", type=Path, required=True,
                         help="Results, eval cache and data cache (outside the repo).")
     parser.add_argument("--guidance", type=float, nargs="+", default=list(GUIDANCES), help="Guidance scales.")
@@ -128,14 +130,17 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[
     args = parser.parse_args(argv)
     from ddim.sampling import load
 
-    from ddim.errors import InputError
+    from ddim.errors import InputError, UserError
 
-    pipe = load(args.checkpoint)
+    try:
+        pipe = load(args.checkpoint)
+    except UserError as error:  # no checkpoint there, an unknown bundled name, a damaged file
+        raise SystemExit(f"error: {error}") from None
     if not pipe.classes:
         parser.error(f"{pipe.path} is not class-conditional (trained without model.class_conditional)")
     classes = [name.strip() for name in args.grid_classes.split(",") if name.strip()]
-    try:  # an unknown grid class fails now, not after the scoring
-        for name in classes:
+    try:  # an unknown grid class fails now, not after the scoring (and only when a grid is asked for)
+        for name in classes if args.grid else []:
             pipe.class_space.class_id(name)
     except InputError as error:
         parser.error(str(error))
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[
         if key in finished:
             log(f"guidance {guidance:g}: done (in {args.out / RESULTS})")
             continue
-        row = score(pipe, guidance, args.steps, args.num, args.out, args.batch_size, feature_extractor_factory)
+        row = score(args.checkpoint, guidance, args.steps, args.num, args.out, args.batch_size,
+                    feature_extractor_factory)
         log(json.dumps(row))
         with open(args.out / RESULTS, "a") as file:
             file.write(json.dumps(row) + "\n")

@@ -248,3 +248,20 @@ def test_guidance_benchmark_scores_each_scale_resumes_and_draws_the_grid(conditi
     assert len(lines) == 2
     bench.main(args, feature_extractor_factory=tiny_extractor)  # everything done: nothing appended
     assert (tmp_path / "out" / bench.RESULTS).read_text().splitlines() == lines
+
+
+def test_guidance_benchmark_takes_a_bundled_model_by_name(conditional_workdir, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from ddim.pretrained import ENV, export_checkpoint
+
+    spec = importlib.util.spec_from_file_location("guidance_bench", REPO / "benchmarks" / "guidance.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    export_checkpoint(conditional_workdir, "tinyclasses", root=tmp_path / "bundles")
+    monkeypatch.setenv(ENV, str(tmp_path / "bundles"))
+    options = ["--out", str(tmp_path / "out"), "--guidance", "1", "--steps", "2", "--num", "4", "--batch-size", "4"]
+    rows = bench.main(["pretrained:tinyclasses", *options], feature_extractor_factory=tiny_extractor)
+    assert [(row["guidance"], row["num"]) for row in rows] == [(1.0, 4)]
+    with pytest.raises(SystemExit, match=r"^error: no bundled model named 'flowers32' \(available: tinyclasses\)"):
+        bench.main(["pretrained:flowers32", *options], feature_extractor_factory=tiny_extractor)
