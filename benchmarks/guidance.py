@@ -139,11 +139,12 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[
     if not pipe.classes:
         parser.error(f"{pipe.path} is not class-conditional (trained without model.class_conditional)")
     classes = [name.strip() for name in args.grid_classes.split(",") if name.strip()]
-    try:  # an unknown grid class fails now, not after the scoring (and only when a grid is asked for)
-        for name in classes if args.grid else []:
-            pipe.class_space.class_id(name)
-    except InputError as error:
-        parser.error(str(error))
+    if args.grid:  # an unknown grid class fails now, not after the scoring
+        try:
+            for name in classes:
+                pipe.class_space.class_id(name)
+        except InputError as error:
+            parser.error(str(error))
     args.out.mkdir(parents=True, exist_ok=True)
     finished = {setting(row) for row in read_results(args.out)}
     for guidance in args.guidance:

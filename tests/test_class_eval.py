@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 from ddim import evaluation
-from tests.conftest import REPO, mock_flowers, tiny_config
+from tests.conftest import mock_flowers, tiny_config
+from tests.test_bench import load_benchmark
 from tests.test_cli import assert_one_line_error
 from tests.test_evaluation import eval_lines, run_cli, tiny_extractor
 
@@ -225,11 +226,7 @@ def test_eval_of_one_class_compares_with_that_class_and_prints_the_class_accurac
 
 @pytest.mark.slow
 def test_guidance_benchmark_scores_each_scale_resumes_and_draws_the_grid(conditional_workdir, tmp_path, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("guidance_bench", REPO / "benchmarks" / "guidance.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("guidance")
     grid = tmp_path / "docs" / "guidance.png"
     args = [str(conditional_workdir), "--out", str(tmp_path / "out"), "--guidance", "0", "2", "--steps", "2",
             "--num", "4", "--batch-size", "4", "--grid", str(grid), "--grid-classes", "sunflower, bluebell",
@@ -251,13 +248,9 @@ def test_guidance_benchmark_scores_each_scale_resumes_and_draws_the_grid(conditi
 
 
 def test_guidance_benchmark_takes_a_bundled_model_by_name(conditional_workdir, tmp_path, monkeypatch, capsys):
-    import importlib.util
-
     from ddim.pretrained import ENV, export_checkpoint
 
-    spec = importlib.util.spec_from_file_location("guidance_bench", REPO / "benchmarks" / "guidance.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("guidance")
     export_checkpoint(conditional_workdir, "tinyclasses", root=tmp_path / "bundles")
     monkeypatch.setenv(ENV, str(tmp_path / "bundles"))
     options = ["--out", str(tmp_path / "out"), "--guidance", "1", "--steps", "2", "--num", "4", "--batch-size", "4"]

@@ -133,9 +133,10 @@ def test_bad_recipe_options_are_one_line_errors(override, message):
 # --- each option on a tiny model ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "options", [pytest.param(EVERY_OPTION, id="every-option"), pytest.param(OTHER_VALUES, id="other-values", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("options", [
+    pytest.param(EVERY_OPTION, id="every-option"),
+    pytest.param(OTHER_VALUES, id="other-values", marks=pytest.mark.slow),
+])
 def test_options_train_sample_and_round_trip_through_a_checkpoint(options, tmp_path):
     from ddim.checkpoint import Checkpointer, load_ema
 

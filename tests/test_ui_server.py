@@ -9,7 +9,6 @@ import pytest
 from PIL import Image
 
 
-
 @pytest.fixture(scope="module")
 def client(ui_server, tmp_path_factory):
     from gradio_client import Client
