@@ -173,14 +173,17 @@ def test_the_quality_benchmarks_refuse_bad_model_options(tmp_path, monkeypatch, 
     assert "--num 0 measures no RMSE" in capsys.readouterr().err
 
 
-def test_the_fast_config_is_the_ablations_fast_variant():
-    """configs/flowers32.toml is the recipe benchmarks/recipe.py measured as ``fast``: the Keras config with the
-    ablation's base and the variant's overrides gives the same model and the same training objective and schedule."""
+@pytest.mark.parametrize("config, image_size", [("flowers32.toml", 32), ("flowers64-fast.toml", 64)])
+def test_the_fast_configs_are_the_ablations_fast_variant(config, image_size):
+    """configs/flowers32.toml and configs/flowers64-fast.toml are the recipe benchmarks/recipe.py measured as
+    ``fast``: the Keras config with the ablation's base and the variant's overrides (at the config's image size)
+    gives the same model and the same training objective and schedule."""
     from ddim.config import load_config
 
     recipe = load_benchmark("recipe")
-    measured = load_config(REPO / "configs" / "flowers64.toml", [*recipe.BASE, *recipe.VARIANTS["fast"]])
-    shipped = load_config(REPO / "configs" / "flowers32.toml")
+    measured = load_config(REPO / "configs" / "flowers64.toml",
+                           [*recipe.BASE, *recipe.VARIANTS["fast"], f"model.image_size={image_size}"])
+    shipped = load_config(REPO / "configs" / config)
     assert shipped.model == measured.model
     fields = ("batch_size", "learning_rate", "lr_schedule", "warmup_steps", "grad_clip", "loss", "loss_weighting",
               "label_dropout", "weight_decay", "adam_eps", "ema_decay", "ema_warmup", "seed")
