@@ -45,7 +45,7 @@ BASE = [
 
 ATTENTION = ["model.attention_resolutions=[16, 8]", "model.attention_heads=1"]
 """DDPM's placement (16x16 for 32x32 images) and head count. Four heads (ADM) cost 2.5x a step on the CPU at
-32x32 (+55 % at 64x64: the attention logits are 4x larger); one head costs +19 % at 64x64."""
+32x32 (+55 % at 64x64: the attention logits are 4x larger); one head costs +19 to +25 % at 64x64 (two runs)."""
 SCHEDULE = ['train.lr_schedule="cosine"', "train.warmup_steps=200", "train.grad_clip=1.0"]
 VARIANTS: dict[str, list[str]] = {
     "keras": [],
