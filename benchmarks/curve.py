@@ -3,7 +3,9 @@
 Run:  python benchmarks/curve.py score --workdir runs/flowers32 --csv docs/results/flowers32-fid.csv \
           [--every 1000] [--eval-root /tmp/eval]
       python benchmarks/curve.py plot --csv docs/results/flowers32-fid.csv "recommended recipe" \
-          --csv docs/results/keras32-fid.csv "Keras recipe" --out docs/images/fid-curve.png
+          --csv docs/results/keras32-fid.csv "Keras recipe" --out docs/images/fid-curve.png \
+          [--hline 17.0 "1,000 real images"]
+      python benchmarks/curve.py floor --reference /tmp/eval/eval_cache/real_<key>.npz [--num 1000]
 
 ``score`` samples ``--num`` images (default 1,000) from every checkpoint whose step is a multiple of
 ``--every`` with 20 steps of ddim/uniform (the sampler with the best FID on these models: see the docs'
@@ -15,7 +17,11 @@ The real features are cached in ``<eval-root>/eval_cache`` (default: the work di
 image size: point several runs at one ``--eval-root`` to build them once.
 
 ``plot`` draws FID against training steps for one or more CSVs with matplotlib (``pip install
-matplotlib``, or ``pip install -e ".[bench]"``).
+matplotlib``, or ``pip install -e ".[bench]"``), with dashed horizontal lines for ``--hline`` values.
+
+``floor`` is the best score ``--num`` samples can get: the FID of ``--num`` real images, drawn at random
+without replacement, against all of them (the mean over ``--draws`` draws). It reads the real features
+that ``ddim eval`` cached (``<eval-root>/eval_cache/real_*.npz``), so it costs seconds.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ def checkpoint_steps(workdir: Path, every: int) -> list[int]:
     return sorted(s for s in steps if s > 0 and s % every == 0)
 
 
-def score_checkpoint(workdir: Path, step: int, num: int, guidance: float | None, eval_root: Path | None) -> dict:
+def score_checkpoint(workdir: Path, step: int, num: int, guidance: float | None, eval_root: Path | None,
+                     feature_extractor_factory=None) -> dict:
     """FID and KID of ``num`` samples (20 steps of ddim/uniform) of the checkpoint at ``step``."""
     from ddim.checkpoint import Checkpointer
     from ddim.spec import SamplingSpec
@@ -62,7 +69,8 @@ def score_checkpoint(workdir: Path, step: int, num: int, guidance: float | None,
 
     spec = SamplingSpec(steps=20, sampler="ddim", spacing="uniform", guidance=guidance)
     folder = Workdir(workdir).checkpoints
-    record = score_fid(folder / str(step), spec, num, eval_root or workdir)
+    record = score_fid(folder / str(step), spec, num, eval_root or workdir,
+                       feature_extractor_factory=feature_extractor_factory)
     batch_size = Checkpointer(folder, create=False).restore_config(step).train.batch_size
     return {"step": step, "images_seen": step * batch_size, "fid": f"{record['fid']:.3f}",
             "kid": f"{record['kid_mean']:.5f}", "sampler": "ddim", "spacing": "uniform", "sample_steps": 20,
@@ -70,14 +78,14 @@ def score_checkpoint(workdir: Path, step: int, num: int, guidance: float | None,
             "checkpoint": str(folder / str(step))}
 
 
-def score(args) -> None:
+def score(args, feature_extractor_factory=None) -> None:
     done = {int(row["step"]) for row in read_rows(args.csv)}
     todo = [s for s in checkpoint_steps(args.workdir, args.every) if s not in done]
     if not todo:
         log(f"nothing to score: every checkpoint at a multiple of {args.every} is in {args.csv}")
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     for step in todo:
-        row = score_checkpoint(args.workdir, step, args.num, args.guidance, args.eval_root)
+        row = score_checkpoint(args.workdir, step, args.num, args.guidance, args.eval_root, feature_extractor_factory)
         log(f"step {step}: FID {row['fid']}, KID {row['kid']}")
         new_file = not args.csv.exists()
         with open(args.csv, "a", newline="") as f:
@@ -85,6 +93,30 @@ def score(args) -> None:
             if new_file:
                 writer.writeheader()
             writer.writerow(row)
+
+
+def real_floor(reference: Path, num: int, draws: int = 5) -> tuple[float, float]:
+    """Mean and spread (max - min) of the FID of ``num`` of the reference's real images against all of them."""
+    import numpy as np
+
+    from ddim.evaluation.metrics import fid_from_features_and_stats
+    from ddim.evaluation.reference import load_real_stats
+
+    stats = load_real_stats(reference)
+    features = stats["features"]
+    if features is None:
+        raise SystemExit(f"error: {reference} holds no features (ddim eval's cache files do)")
+    if not 2 <= num <= len(features):
+        raise SystemExit(f"error: --num must be between 2 and the {len(features)} real images, got {num}")
+    scores = [fid_from_features_and_stats(features[np.random.default_rng(seed).choice(len(features), num, replace=False)],
+                                          stats["mu"], stats["sigma"]) for seed in range(draws)]
+    return float(np.mean(scores)), float(np.max(scores) - np.min(scores))
+
+
+def floor(args) -> None:
+    mean, spread = real_floor(args.reference, args.num, args.draws)
+    print(f"FID of {args.num} real images against all of them: {mean:.2f} (spread {spread:.2f} over {args.draws} "
+          "draws)")
 
 
 def plot(args) -> None:
@@ -99,6 +131,10 @@ def plot(args) -> None:
         if not rows:
             raise SystemExit(f"error: no rows in {path}")
         axes.plot([int(r["step"]) for r in rows], [float(r["fid"]) for r in rows], marker="o", label=label)
+    for value, label in args.hline or []:
+        axes.axhline(float(value), color="grey", linestyle="--", linewidth=1)
+        axes.annotate(label, (0.01, float(value)), xycoords=("axes fraction", "data"), va="bottom", fontsize=8,
+                      color="grey")
     axes.set_xlabel("training steps (batch 64)")
     axes.set_ylabel("FID (1,000 samples, 20 DDIM steps)")
     axes.set_title(args.title)
@@ -110,7 +146,7 @@ def plot(args) -> None:
     log(f"wrote {args.out}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     scoring = commands.add_parser("score", help="Score the checkpoints that are missing from the CSV.")
@@ -126,8 +162,18 @@ def main() -> None:
     plotting.add_argument("--csv", nargs=2, action="append", metavar=("CSV", "LABEL"), required=True)
     plotting.add_argument("--out", type=Path, required=True)
     plotting.add_argument("--title", default="FID at 32x32 against all 8,189 Oxford Flowers images")
-    args = parser.parse_args()
-    {"score": score, "plot": plot}[args.command](args)
+    plotting.add_argument("--hline", nargs=2, action="append", metavar=("FID", "LABEL"),
+                          help="A dashed reference line (repeatable), e.g. the floor of `floor`.")
+    flooring = commands.add_parser("floor", help="The FID of --num real images against all of them.")
+    flooring.add_argument("--reference", type=Path, required=True,
+                          help="A real-feature cache file of ddim eval (<eval-root>/eval_cache/real_*.npz).")
+    flooring.add_argument("--num", type=int, default=1000, help="Real images per draw (the samples per FID).")
+    flooring.add_argument("--draws", type=int, default=5, help="Random draws to average.")
+    args = parser.parse_args(argv)
+    if args.command == "score":
+        score(args, feature_extractor_factory)
+    else:
+        {"plot": plot, "floor": floor}[args.command](args)
 
 
 if __name__ == "__main__":

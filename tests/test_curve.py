@@ -1,0 +1,63 @@
+"""benchmarks/curve.py: FID along a run (score), the real-image floor, and the plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.test_bench import load_benchmark
+from tests.test_evaluation import tiny_extractor
+
+
+def rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_curve_scores_each_checkpoint_once_gives_the_real_floor_and_plots(conditional_workdir, tmp_path, capsys):
+    curve = load_benchmark("curve")
+    table = tmp_path / "results" / "run-fid.csv"
+    score = ["score", "--workdir", str(conditional_workdir), "--csv", str(table), "--every", "2", "--num", "4",
+             "--eval-root", str(tmp_path / "eval")]
+    curve.main(score, feature_extractor_factory=tiny_extractor)
+    [row] = rows(table)
+    assert (row["step"], row["images_seen"], row["sampler"], row["spacing"], row["num"]) == ("2", "8", "ddim",
+                                                                                            "uniform", "4")
+    assert float(row["fid"]) > 0 and row["real_num"] == "14"  # the folder's 2 + 3 + 4 + 5 images
+    record = json.loads((tmp_path / "eval" / "eval.jsonl").read_text().splitlines()[-1])
+    assert float(row["fid"]) == pytest.approx(record["fid"], abs=1e-3)  # ddim eval's own line
+    curve.main(score, feature_extractor_factory=tiny_extractor)  # a rerun scores only what is missing: nothing
+    assert len(rows(table)) == 1
+
+    [reference] = [path for path in (tmp_path / "eval" / "eval_cache").glob("real_*.npz")
+                   if json.loads(str(np.load(path)["meta"]))["split"] == "all"]
+    everything, _ = curve.real_floor(reference, num=14, draws=2)
+    assert everything == pytest.approx(0.0, abs=1e-5)  # all the real images against themselves
+    some, spread = curve.real_floor(reference, num=6, draws=3)
+    assert some > everything + 1e-4 and spread > 0  # fewer images: farther from the whole set, and by the draw
+    capsys.readouterr()
+    curve.main(["floor", "--reference", str(reference), "--num", "6", "--draws", "3"])
+    assert f"FID of 6 real images against all of them: {some:.2f}" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="^error: --num must be between 2 and the 14 real images"):
+        curve.main(["floor", "--reference", str(reference), "--num", "15"])
+    statistics_only = tmp_path / "stats.npz"
+    with np.load(reference) as data:
+        np.savez(statistics_only, mu=data["mu"], sigma=data["sigma"])
+    with pytest.raises(SystemExit, match="holds no features"):
+        curve.main(["floor", "--reference", str(statistics_only)])
+
+    other = tmp_path / "results" / "other.csv"
+    other.write_text("step,fid\n1000,90.5\n4000,60.25\n")
+    picture = tmp_path / "docs" / "curve.png"
+    curve.main(["plot", "--csv", str(table), "run", "--csv", str(other), "other", "--out", str(picture),
+                "--hline", "17.1", "floor"])
+    with Image.open(picture) as image:
+        assert image.format == "PNG" and image.size[0] > 300
+    empty = tmp_path / "results" / "empty.csv"
+    empty.write_text("step,fid\n")
+    with pytest.raises(SystemExit, match="^error: no rows in"):
+        curve.main(["plot", "--csv", str(empty), "empty", "--out", str(tmp_path / "x.png")])
