@@ -99,10 +99,14 @@ def real_floor(reference: Path, num: int, draws: int = 5) -> tuple[float, float]
     """Mean and spread (max - min) of the FID of ``num`` of the reference's real images against all of them."""
     import numpy as np
 
+    from ddim.evaluation import EvaluationError
     from ddim.evaluation.metrics import fid_from_features_and_stats
     from ddim.evaluation.reference import load_real_stats
 
-    stats = load_real_stats(reference)
+    try:
+        stats = load_real_stats(reference)
+    except EvaluationError as error:  # no such file, not an npz, no mu and sigma
+        raise SystemExit(f"error: {error}") from None
     features = stats["features"]
     if features is None:
         raise SystemExit(f"error: {reference} holds no features (ddim eval's cache files do)")

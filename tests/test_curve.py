@@ -49,6 +49,8 @@ def test_curve_scores_each_checkpoint_once_gives_the_real_floor_and_plots(condit
         np.savez(statistics_only, mu=data["mu"], sigma=data["sigma"])
     with pytest.raises(SystemExit, match="holds no features"):
         curve.main(["floor", "--reference", str(statistics_only)])
+    with pytest.raises(SystemExit, match="^error: reference statistics file .* does not exist"):
+        curve.main(["floor", "--reference", str(tmp_path / "missing.npz")])
 
     other = tmp_path / "results" / "other.csv"
     other.write_text("step,fid\n1000,90.5\n4000,60.25\n")
