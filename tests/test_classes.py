@@ -51,6 +51,16 @@ def test_names_and_ids_resolve_the_same_way(pipe):
         pipe.class_ids(["daisy", "sunflower"], 3)
 
 
+def test_a_class_named_by_digits_is_that_name_and_an_int_is_an_id():
+    """Folder classes sort as strings: the folder ``2`` has id 3. ``--class 2`` (a string) means the folder."""
+    from ddim.sampling.classes import ClassSpace
+
+    space = ClassSpace(True, ("0", "1", "10", "2"))
+    assert [space.class_id(v) for v in ("2", " 10", 2, np.int64(2), "3")] == [3, 2, 2, 2, 3]
+    with pytest.raises(InputError, match="out of range"):
+        space.class_id("4")
+
+
 def test_classes_are_drawn_as_the_data_has_them(pipe):
     drawn = pipe.class_ids(None, 400, seed=0)
     assert set(drawn) == {0, 2}  # class 1 has no training images

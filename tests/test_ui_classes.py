@@ -49,7 +49,7 @@ def test_a_picked_class_is_one_of_the_models():
 def test_the_command_names_a_class_as_the_command_line_reads_it():
     space = ClassSpace(True, ("2", "daisy", "pink primrose", "Daisy"))
     assert class_argument(space, 2) == "pink primrose"
-    assert class_argument(space, 0) == "0"  # "--class 2" would be the class of id 2
+    assert class_argument(space, 0) == "2"  # a name made of digits is that name on the command line
     # The command line folds case, and then "daisy" is the last of the two.
     assert class_argument(space, 3) == "Daisy" and class_argument(space, 1) == "1"
 

@@ -40,18 +40,23 @@ class ClassSpace:
             raise self._refuse("guidance scale")
 
     def class_id(self, value) -> int:
-        """The id of one class given by its id (an int or a string of digits) or its name (any case)."""
+        """The id of one class given by its name (any case) or its id (an int, or a string of digits).
+
+        A string that is a class's name is that class, digits or not: an image folder's classes ``0``, ``1``,
+        ``10``, ``2`` sort so that the folder ``2`` has id 3, and ``--class 2`` means the folder.
+        """
         if not self.conditional:
             raise self._refuse("classes")
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) or str(value).strip().isdigit():
-            index = int(value)
+        folded = {name.casefold(): i for i, name in enumerate(self.names)}
+        key = str(value).strip().casefold()
+        is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        if not is_int and key in folded:
+            return folded[key]
+        if is_int or key.isdigit():
+            index = int(key)
             if not 0 <= index < len(self.names):
                 raise InputError(f"class id {index} is out of range (this model has classes 0 to {len(self.names) - 1})")
             return index
-        folded = {name.casefold(): i for i, name in enumerate(self.names)}
-        key = str(value).strip().casefold()
-        if key in folded:
-            return folded[key]
         close = difflib.get_close_matches(key, list(folded), n=3, cutoff=0.5)
         hint = f"; closest: {', '.join(repr(self.names[folded[c]]) for c in close)}" if close else ""
         raise InputError(f"unknown class {str(value)!r}{hint} (ddim sample --list-classes lists them)")

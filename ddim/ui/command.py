@@ -37,8 +37,8 @@ def spec_options(spec: SamplingSpec, fields: Collection[str]) -> list[str]:
 def class_argument(classes, class_id: int) -> str:
     """What ``--class`` says for class ``class_id`` of ``classes`` (a :class:`~ddim.sampling.classes.ClassSpace`).
 
-    Its name, unless the command line would read that name as another class (a
-    name made of digits is read as an id): then its id.
+    Its name, unless the command line would read that name as another class (the
+    command line folds case, so of two names equal but for case it reads the last): then its id.
     """
     name = classes.names[class_id]
     try:
