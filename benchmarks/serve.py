@@ -1,6 +1,7 @@
 """What the web page costs: ``ddim serve`` start-up, first and warm request latency, next to ``ddim sample``.
 
 Run:  python benchmarks/serve.py --checkpoint runs/flowers64/checkpoints/25500 [--checkpoint ...] [--out serve.json]
+      python benchmarks/serve.py --pretrained flowers32 --browser --screenshot docs/images/serve.png
       python benchmarks/serve.py            # trains configs/smoke.toml (24 steps) in a temporary directory first
 
 For each checkpoint, with ``--num`` images (16) at ``--steps`` steps (20), seeds 0, 1, ...:
@@ -46,10 +47,16 @@ def ddim_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "ddim.cli", *args]
 
 
+def model_options(source: str) -> list[str]:
+    """The ``ddim`` options that pick ``source``: a checkpoint path, or ``pretrained:NAME`` (a bundled model)."""
+    name = source.removeprefix("pretrained:")
+    return ["--pretrained", name] if name != source else ["--checkpoint", source]
+
+
 def time_cli_sample(checkpoint: str, num: int, steps: int, cache: Path) -> float:
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        subprocess.run(ddim_command("sample", "--checkpoint", checkpoint, "--num", str(num), "--steps", str(steps),
+        subprocess.run(ddim_command("sample", *model_options(checkpoint), "--num", str(num), "--steps", str(steps),
                                     "--out", out, "--no-grid", "--compilation-cache", str(cache)),
                        check=True, capture_output=True, cwd=REPO)
         return time.perf_counter() - start
@@ -65,7 +72,7 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}/"
         start = time.perf_counter()
         self.process = subprocess.Popen(
-            ddim_command("serve", "--checkpoint", checkpoint, "--port", str(self.port), "--compilation-cache",
+            ddim_command("serve", *model_options(checkpoint), "--port", str(self.port), "--compilation-cache",
                          str(cache), "--max-images", str(max_images), "--max-steps", str(max_steps)),
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -217,6 +224,8 @@ def train_smoke(directory: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", action="append", help="A checkpoint (step dir or work dir); repeatable.")
+    parser.add_argument("--pretrained", action="append", metavar="NAME",
+                        help="A model bundled with ddim (`ddim pretrained` lists them); repeatable, after the checkpoints.")
     parser.add_argument("--num", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5, help="Warm requests per checkpoint.")
@@ -226,7 +235,8 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoints = args.checkpoint or [train_smoke(Path(scratch) / "smoke")]
+        checkpoints = (args.checkpoint or []) + [f"pretrained:{name}" for name in args.pretrained or []]
+        checkpoints = checkpoints or [train_smoke(Path(scratch) / "smoke")]
         for checkpoint in checkpoints:
             last = checkpoint == checkpoints[-1]
             result = bench_checkpoint(checkpoint, args.num, args.steps, args.repeats, args.browser,

@@ -189,3 +189,9 @@ def test_the_fast_configs_are_the_ablations_fast_variant(config, image_size):
               "label_dropout", "weight_decay", "adam_eps", "ema_decay", "ema_warmup", "seed")
     assert {f: getattr(shipped.train, f) for f in fields} == {f: getattr(measured.train, f) for f in fields}
     assert shipped.data.dataset == measured.data.dataset
+
+
+def test_the_serve_benchmark_picks_a_bundled_model_with_pretrained():
+    serve = load_benchmark("serve")
+    assert serve.model_options("pretrained:flowers32") == ["--pretrained", "flowers32"]
+    assert serve.model_options("runs/flowers32/checkpoints/10220") == ["--checkpoint", "runs/flowers32/checkpoints/10220"]
