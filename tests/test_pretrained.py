@@ -1,7 +1,7 @@
 """Bundled models (ddim/pretrained/): export -> load round trip, hash check, registry, CLI flags and fallback.
 
 Built on the tiny trained checkpoint of conftest; the last test runs over every
-model really bundled in the package (none until the real weights are committed).
+model really bundled in the package (flowers32).
 """
 
 from __future__ import annotations
@@ -286,6 +286,11 @@ def test_sample_falls_back_to_the_bundled_model_without_runs(use_bundles, tmp_pa
 
 
 # --- the models really bundled in the package ------------------------------------------------------------
+
+
+def test_the_package_bundles_the_readmes_model():
+    """The README's quick start samples ``flowers32`` without a run; the cases below run once per bundled model."""
+    assert "flowers32" in [manifest.name for manifest in available(PACKAGE_ROOT)]
 
 
 @pytest.mark.parametrize("name", [manifest.name for manifest in available(PACKAGE_ROOT)])
