@@ -9,6 +9,7 @@ random network's features tell apart.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -258,3 +259,31 @@ def test_guidance_benchmark_takes_a_bundled_model_by_name(conditional_workdir, t
     assert [(row["guidance"], row["num"]) for row in rows] == [(1.0, 4)]
     with pytest.raises(SystemExit, match=r"^error: no bundled model named 'flowers32' \(available: tinyclasses\)"):
         bench.main(["pretrained:flowers32", *options], feature_extractor_factory=tiny_extractor)
+
+
+def test_benchmarks_sharing_an_eval_root_reuse_an_identical_measurement(conditional_workdir, tmp_path, monkeypatch):
+    """curve.py's score of a checkpoint is guidance.py's guidance 1 of it: measured once, read back the second time;
+    a different measurement (another guidance, batch size or checkpoint) is not taken for it."""
+    from ddim.spec import SamplingSpec
+
+    curve, bench = load_benchmark("curve"), load_benchmark("guidance")
+    common = sys.modules["common"]
+    eval_root, step_dir = tmp_path / "eval", conditional_workdir / "checkpoints" / "2"
+    curve.main(["score", "--workdir", str(conditional_workdir), "--csv", str(tmp_path / "fid.csv"), "--every", "2",
+                "--num", "4", "--eval-root", str(eval_root)], feature_extractor_factory=tiny_extractor)
+    [measured] = [json.loads(line) for line in (eval_root / "eval.jsonl").read_text().splitlines()]
+    assert (measured["batch_size"], measured["guidance"]) == (64, 1.0)
+
+    spec = SamplingSpec(steps=20, sampler="ddim", spacing="uniform")
+    assert common.earlier_record(step_dir, spec, 4, eval_root) == measured
+    assert common.earlier_record(step_dir, spec.replace(guidance=1.0), 4, eval_root) == measured  # none is 1
+    for different in ((step_dir, spec.replace(guidance=2.0), 4, {}), (step_dir, spec, 8, {}),
+                      (step_dir, spec.replace(steps=10), 4, {}), (step_dir, spec, 4, {"batch_size": 4}),
+                      (step_dir, spec, 4, {"seed": 1}), (conditional_workdir, spec, 4, {})):
+        source, other_spec, num, options = different
+        assert common.earlier_record(source, other_spec, num, eval_root, **options) is None, different
+
+    monkeypatch.setattr("ddim.evaluation.evaluate", lambda *a, **k: pytest.fail("measured again"))
+    [row] = bench.main([str(step_dir), "--out", str(eval_root), "--guidance", "1", "--num", "4"],
+                       feature_extractor_factory=tiny_extractor)
+    assert row["fid"] == measured["fid"] and row["class_accuracy"] == measured["class_accuracy"]

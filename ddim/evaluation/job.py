@@ -322,6 +322,7 @@ def _record(request: EvalRequest, pipe, real: _Real, scores: dict[str, Any], fid
         **request.spec.to_dict(),
         "seed": request.seed,
         "num": request.num,
+        "batch_size": request.batch_size,  # the batches draw the noise and the classes: part of what was sampled
         **real.record,
         "kid_mean": scores["kid_mean"],
         "kid_std": scores["kid_std"],
