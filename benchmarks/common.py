@@ -46,34 +46,46 @@ def resolve_checkpoint(checkpoint: str | None, out: Path) -> Path:
     return workdir
 
 
+def fid_request(source, spec, num: int, eval_root: Path, *, seed: int = 0, batch_size: int = 64):
+    """The ``ddim eval`` request of the docs' protocol: all real images, the standard FID Inception, KID on all
+    ``num`` samples at once, results in ``eval_root``."""
+    from ddim.evaluation import EvalRequest
+
+    return EvalRequest(source, num=num, spec=spec, seed=seed, batch_size=batch_size, split="all",
+                       workdir=eval_root, kid_subset_size=num)
+
+
 def earlier_record(source, spec, num: int, eval_root: Path, *, seed: int = 0, batch_size: int = 64) -> dict | None:
-    """The ``<eval_root>/eval.jsonl`` record of this very measurement, if one is there; else None.
+    """The ``<eval_root>/eval.jsonl`` record of this very measurement (:func:`fid_request`), if one is there.
 
     A record matches when it scored the same checkpoint path (a step directory, as ``curve.py`` passes; a work
-    directory or bundled name never matches, since its step is only known once loaded) with the same sampling
-    (steps, sampler, spacing, eta, guidance; none is 1, plain conditional sampling), seed, number of samples
-    and batch size (the batches draw the noise and the classes), classes drawn as the data has them, against
-    all real images with the standard networks. Records written before the batch size was recorded never match.
-    So benchmarks that share an eval root (curve.py's checkpoint at step N and guidance.py's guidance 1 of it)
-    pay for a measurement once.
+    directory or bundled name never matches, since its step is only known once loaded) with the request's
+    sampling (no guidance is 1, plain conditional sampling), seed, number of samples, batch size (the batches
+    draw the noise and the classes), split, networks and KID subset size, classes drawn as the data has them.
+    Records written before the batch size was recorded never match. So benchmarks that share an eval root
+    (curve.py's checkpoint at step N and guidance.py's guidance 1 of it) pay for a measurement once.
     """
     import json
 
-    path = Path(eval_root) / "eval.jsonl"
+    from ddim.workdir import Workdir
+
+    request = fid_request(source, spec, num, eval_root, seed=seed, batch_size=batch_size)
+    path = Workdir(eval_root).eval_file
     if not path.is_file():
         return None
-    wanted = {"checkpoint": str(source), "steps": spec.steps, "sampler": spec.sampler, "spacing": spec.spacing,
-              "eta": spec.eta, "seed": seed, "num": num, "batch_size": batch_size, "split": "all",
-              "fid_net": "standard", "kid_net": "standard", "kid_subset_size": num}
-    guidance = 1.0 if spec.guidance is None else float(spec.guidance)
+    wanted = {**request.spec.to_dict(), "guidance": 1.0 if spec.guidance is None else float(spec.guidance),
+              "checkpoint": str(request.source), "seed": request.seed, "num": request.num,
+              "batch_size": request.batch_size, "split": request.split, "fid_net": request.fid_net,
+              "kid_net": request.kid_net, "kid_subset_size": request.kid_subset_size}
     found = None
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except ValueError:  # a line cut short by a kill: not a measurement
             continue
-        if (all(record.get(key) == value for key, value in wanted.items())
-                and (1.0 if record.get("guidance") is None else record["guidance"]) == guidance
+        record_guidance = 1.0 if record.get("guidance") is None else record["guidance"]
+        if (all(record.get(key) == value for key, value in wanted.items() if key != "guidance")
+                and record_guidance == wanted["guidance"]
                 and record.get("class_mode") in (None, "data-frequency", "unconditional")):
             found = record  # the newest wins
     return found
@@ -83,18 +95,15 @@ def score_fid(source, spec, num: int, eval_root: Path, *, seed: int = 0, batch_s
               feature_extractor_factory=None) -> dict:
     """``ddim eval``'s record of ``num`` samples of ``source`` (``spec``) against all real images at the model's size.
 
-    The docs' protocol: the standard FID Inception, ``--split all`` (every Flowers image), KID on all samples at
-    once. The real features are cached in ``<eval_root>/eval_cache`` (computed once, reused by every call) and the
-    record is appended to ``<eval_root>/eval.jsonl``; a measurement already recorded there (:func:`earlier_record`)
-    is not repeated.
+    The docs' protocol (:func:`fid_request`). The real features are cached in ``<eval_root>/eval_cache``
+    (computed once, reused by every call) and the record is appended to ``<eval_root>/eval.jsonl``; a
+    measurement already recorded there (:func:`earlier_record`) is not repeated.
     """
-    from ddim.evaluation import EvalRequest, evaluate
+    from ddim.evaluation import evaluate
 
     record = earlier_record(source, spec, num, eval_root, seed=seed, batch_size=batch_size)
     if record is not None:
-        log(f"{source}: reusing the record of {record['time']} in {Path(eval_root) / 'eval.jsonl'} "
-            f"(FID {record['fid']:.2f})")
+        log(f"{source}: reusing the record of {record['time']} in {eval_root} (FID {record['fid']:.2f})")
         return record
-    request = EvalRequest(source, num=num, spec=spec, seed=seed, batch_size=batch_size, split="all",
-                          workdir=eval_root, kid_subset_size=num)
+    request = fid_request(source, spec, num, eval_root, seed=seed, batch_size=batch_size)
     return evaluate(request, feature_extractor_factory=feature_extractor_factory, log=log, show_progress=False)
