@@ -8,11 +8,15 @@ sampling, when none is asked). The class-consistency score
 (:mod:`ddim.evaluation.class_consistency`) needs the labelled FID features of
 the checkpoint's own training and validation images, from the same cache as
 FID's reference. An unconditional checkpoint refuses a class and a guidance
-scale with the pipeline's one-line error. Nothing here imports JAX.
+scale with the pipeline's one-line error. Real labels are matched to the
+model's classes by name (:func:`as_model_ids`), so a model trained on a copy of
+a dataset whose classes come in another order is scored by the dataset itself.
+Nothing here imports JAX.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -74,17 +78,49 @@ class RealClasses:
     val_accuracy: float | None
 
 
+def data_class_names(config, data_cache: str | os.PathLike) -> list[str]:
+    """The class names of ``config``'s data, in label order, from its data cache (no pixels read)."""
+    from ddim import data as data_lib
+
+    config = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir=str(data_cache)))
+    return data_lib.load(config, None, ("train",), lambda message: None, False, check=False).class_names
+
+
+def as_model_ids(plan: ClassPlan, labels, data_names) -> np.ndarray:
+    """Real ``labels`` (ids of ``data_names``) as the model's class ids, matched by name; -1 stays -1.
+
+    The identity for the data the model was trained on. A model trained on another copy of the
+    dataset lists the same classes in another order (a folder export of a TFDS dataset: a folder's
+    classes are its sorted subfolder names); matching by name scores it against the dataset itself.
+    A real class the model does not know raises :class:`EvaluationError`.
+    """
+    labels = np.asarray(labels)
+    data_names = list(data_names)
+    if not data_names or data_names == list(plan.names):
+        return labels
+    index = {name: model_id for model_id, name in enumerate(plan.names)}
+    present = np.unique(labels[labels >= 0])
+    unknown = [data_names[label] for label in present if label >= len(data_names) or data_names[label] not in index]
+    if unknown:
+        raise EvaluationError(f"the real images have classes the model was not trained on: "
+                              f"{', '.join(map(repr, unknown[:3]))}{' ...' if len(unknown) > 3 else ''}")
+    table = np.array([index.get(name, -1) for name in data_names], np.int64)
+    return np.where(labels >= 0, table[np.maximum(labels, 0)], -1).astype(labels.dtype)
+
+
 def fit_on_real(plan: ClassPlan, config, extractor: FeatureExtractor, cache_dir: str | os.PathLike, log: Callable,
                 show_progress: bool, data_cache: str | os.PathLike) -> RealClasses:
     """Fit the classifier on the labelled features of ``config``'s training split; score its validation split.
 
     Without validation images (an empty split, no ``data.val_split``) the ceiling is None.
     """
+    names = data_class_names(config, data_cache)
     (train,), labels = labelled_real_features(config, "train", None, [extractor], cache_dir, log, show_progress,
                                               data_cache)
-    if labels.max(initial=-1) >= len(plan.names):
+    if labels.max(initial=-1) >= max(len(plan.names), len(names)):
         raise EvaluationError(f"the checkpoint's training data now has classes the model was not trained on "
                               f"(label {labels.max()} of a model with {len(plan.names)} classes)")
+    labels = as_model_ids(plan, labels, names)
     if not np.any(labels >= 0):
         raise EvaluationError("the checkpoint's training images have no class labels to fit the class classifier on")
     classifier = consistency.fit(train, labels, len(plan.names))
@@ -94,6 +130,7 @@ def fit_on_real(plan: ClassPlan, config, extractor: FeatureExtractor, cache_dir:
     except EvaluationError as error:  # no validation split, or too few images in it
         log(f"class accuracy: no ceiling on real validation images ({error})")
         return RealClasses(classifier, None)
+    val_labels = as_model_ids(plan, val_labels, names)
     val_accuracy = consistency.accuracy(consistency.predict(classifier, val), plan.wanted(val_labels))
     return RealClasses(classifier, val_accuracy)
 

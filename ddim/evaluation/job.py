@@ -33,7 +33,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ddim.evaluation import class_consistency, metrics
-from ddim.evaluation.conditional import ClassPlan, RealClasses, fit_on_real, of_one_class, plan_classes, record_fields
+from ddim.evaluation.conditional import (
+    ClassPlan, RealClasses, as_model_ids, data_class_names, fit_on_real, of_one_class, plan_classes, record_fields,
+)
 from ddim.evaluation.features import FID_IMAGE_SIZE, KID_IMAGE_SIZE, EvaluationError, FeatureExtractor, FeatureFactory
 from ddim.evaluation.generated import generated_features
 from ddim.evaluation.keras_inception import file_md5, inception_factory
@@ -214,6 +216,7 @@ def _real_images(request: EvalRequest, checkpoint: _Checkpoint, fid_extractor, k
     data_cache = data_lib.cache_root(config, workdir.root)
     if checkpoint.classes is not None and checkpoint.classes.class_id is not None:
         features, labels = labelled_real_features(*arguments, data_cache=data_cache)
+        labels = as_model_ids(checkpoint.classes, labels, data_class_names(config, data_cache))
         real_kid, real_fid = of_one_class(checkpoint.classes, features, labels, request.split)
     else:
         real_kid, real_fid = real_features(*arguments, data_cache=data_cache)
