@@ -232,6 +232,27 @@ def test_pretrained_export_command(trained_workdir, tmp_path):
                                  "--out", out), "does not exist")
 
 
+def test_export_can_keep_the_dataset_to_score_against_instead_of_the_training_copy(trained_workdir, bundles,
+                                                                                      tmp_path):
+    """A model trained on a folder exported from a dataset bundles the dataset as its data (what ddim eval
+    scores it against); only the data section changes, and the record keeps where it was trained."""
+    real = tmp_path / "real.toml"
+    real.write_text('[data]\nimage_dir = "/data/flowers-export"\nval_fraction = 0.1\n')
+    out = tmp_path / "bundles"
+    result = invoke("pretrained", "export", "--checkpoint", trained_workdir, "--name", "other-data", "--out", out,
+                    "--real-data", real)
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out / "other-data")
+    trained = ddim.load(trained_workdir).config
+    assert (manifest.config.data.image_dir, manifest.config.data.val_fraction) == ("/data/flowers-export", 0.1)
+    assert manifest.config.model == trained.model and manifest.config.train == trained.train
+    assert manifest.record["trained_on_data"] == {"dataset": trained.data.dataset,
+                                                  "train_split": trained.data.train_split}
+    assert "trained_on_data" not in read_manifest(bundles / NAME).record  # exported without --real-data
+    assert_one_line_error(invoke("pretrained", "export", "--checkpoint", trained_workdir, "--name", "y", "--out",
+                                 out, "--real-data", tmp_path / "missing.toml"), "missing.toml")
+
+
 def test_sample_with_pretrained_matches_the_checkpoint(trained_workdir, use_bundles, tmp_path):
     result = invoke("sample", "--pretrained", NAME, "--steps", 2, "--num", 2, "--out", tmp_path / "a")
     assert result.exit_code == 0, result.output

@@ -71,15 +71,21 @@ def export(
                                          "line (recorded as given)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory of bundled models to write NAME/ into "
                                        "(default: the package's ddim/pretrained/, or $DDIM_PRETRAINED_DIR)."),
+    real_data: Optional[Path] = typer.Option(None, "--real-data", help="A config whose [data] the bundle keeps "
+                                             "instead of the checkpoint's: what ddim eval scores it against (for a "
+                                             "model trained on a copy of a dataset, the dataset itself; classes "
+                                             "are matched by name)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle of that name."),
 ):
     """Bundle a checkpoint's EMA weights, config and training record as a model shipped with ddim."""
+    from ddim.config import load_config
     from ddim.pretrained import describe, export_checkpoint
 
     with user_errors():
+        data = load_config(real_data).data if real_data is not None else None
         manifest = export_checkpoint(
             checkpoint, name, root=out, fid=fid, fid_protocol=fid_protocol, eval_file=eval_file,
-            hardware=hardware, recipe=recipe, overwrite=overwrite,
+            hardware=hardware, recipe=recipe, real_data=data, overwrite=overwrite,
             warn=lambda line: typer.echo(line, err=True),
         )
     if manifest.record.get("fid") is None:

@@ -3,7 +3,10 @@
 The weights are exactly the checkpoint's (float32, the variables
 :func:`ddim.checkpoint.load_ema` gives), so the bundle samples the same pixels.
 Paths of the training machine (the TFDS and cache directories, the KID
-weights) are cleared from the stored config: they mean nothing elsewhere.
+weights) are cleared from the stored config: they mean nothing elsewhere. A model
+trained on a copy of a dataset (a folder exported from TFDS on a machine without
+TensorFlow) can name the dataset itself as the data ``ddim eval`` scores it against
+(``real_data``); where it was trained is kept in the record.
 """
 
 from __future__ import annotations
@@ -14,15 +17,15 @@ from pathlib import Path
 from typing import Callable
 
 from ddim.checkpoint.ema import load_ema
-from ddim.config import Config
+from ddim.config import Config, DataConfig
 from ddim.pretrained.bundle import Manifest, write_bundle
 from ddim.pretrained.record import fid_from_eval_file, given_fid, training_record, workdir_eval_file
 from ddim.pretrained.registry import bundled_root, check_name
 
 
-def portable_config(config: Config) -> Config:
-    """``config`` without the paths of the machine it was trained on."""
-    data = dataclasses.replace(config.data, data_dir="", cache_dir="")
+def portable_config(config: Config, real_data: DataConfig | None = None) -> Config:
+    """``config`` without the paths of the machine it was trained on; its data ``real_data`` when given."""
+    data = dataclasses.replace(real_data if real_data is not None else config.data, data_dir="", cache_dir="")
     train = dataclasses.replace(config.train, inception_weights="")
     return dataclasses.replace(config, data=data, train=train)
 
@@ -37,6 +40,7 @@ def export_checkpoint(
     eval_file: str | os.PathLike | None = None,
     hardware: str | None = None,
     recipe: str | None = None,
+    real_data: DataConfig | None = None,
     overwrite: bool = False,
     warn: Callable[[str], None] | None = None,
 ) -> Manifest:
@@ -47,6 +51,9 @@ def export_checkpoint(
     (how it was measured) when given, else read from ``eval_file`` (default: the
     work directory's ``eval.jsonl``), else ``None``: never made up.
     ``hardware`` and ``recipe`` are the user's words, recorded as given.
+    ``real_data``: the data section the bundle keeps (what ``ddim eval`` of it
+    scores against; class ids are matched by name) instead of the checkpoint's;
+    the checkpoint's data are then recorded as ``trained_on_data``.
     """
     check_name(name)
     measured = given_fid(fid, fid_protocol) if fid is not None else None
@@ -55,5 +62,9 @@ def export_checkpoint(
         source = Path(eval_file) if eval_file is not None else workdir_eval_file(loaded.path)
         measured = fid_from_eval_file(source, loaded.path, loaded.step, loaded.config.name)
     record = training_record(loaded.config, loaded.step, loaded.path, fid=measured, hardware=hardware, recipe=recipe)
-    return write_bundle(root if root is not None else bundled_root(), name, portable_config(loaded.config),
+    if real_data is not None:
+        trained_on = loaded.config.data
+        record["trained_on_data"] = ({"image_dir": trained_on.image_dir} if trained_on.image_dir else
+                                     {"dataset": trained_on.dataset, "train_split": trained_on.train_split})
+    return write_bundle(root if root is not None else bundled_root(), name, portable_config(loaded.config, real_data),
                         loaded.variables, record, overwrite=overwrite)
