@@ -173,6 +173,21 @@ def test_the_train_and_val_splits_are_cut_from_cached_all_features(tmp_path, mon
 
 
 @pytest.mark.slow
+def test_real_labels_are_matched_to_the_models_classes_by_name():
+    """A model trained on a folder export of a dataset lists the dataset's classes in folder (name) order."""
+    from ddim.evaluation.conditional import ClassPlan, as_model_ids
+
+    plan = ClassPlan(("bluebell", "sunflower", "tulip"), None, 1.0)
+    labels = np.array([0, 1, 2, -1, 2], np.int32)
+    same = as_model_ids(plan, labels, ["bluebell", "sunflower", "tulip"])
+    assert same.tolist() == labels.tolist() and same.dtype == labels.dtype
+    assert as_model_ids(plan, labels, ["tulip", "bluebell", "sunflower"]).tolist() == [2, 0, 1, -1, 1]
+    assert as_model_ids(plan, np.array([1, 1]), ["rose", "tulip"]).tolist() == [2, 2]  # an unused unknown class
+    assert as_model_ids(plan, labels, []).tolist() == labels.tolist()  # no names: nothing to match
+    with pytest.raises(evaluation.EvaluationError, match="not trained on: 'rose'"):
+        as_model_ids(plan, np.array([0, 1]), ["rose", "tulip"])
+
+
 def test_conditional_eval_draws_classes_as_the_data_and_scores_them(conditional_workdir):
     from ddim import data
     from ddim.evaluation import class_consistency as consistency
@@ -223,6 +238,30 @@ def test_eval_of_one_class_compares_with_that_class_and_prints_the_class_accurac
     assert (eval_lines(conditional_workdir)[-1]["guidance"], eval_lines(conditional_workdir)[-1]["class_mode"]) == (
         1.0, "data-frequency")
     assert_one_line_error(run_cli(*args, "--class", "sunflowr"), "unknown class 'sunflowr'; closest: 'sunflower'")
+
+
+def test_images_generated_elsewhere_score_as_ddim_eval_scores_them(conditional_workdir, tiny_standard_network,
+                                                                    tmp_path):
+    """benchmarks/generate_eval_samples.py makes ddim eval's images (on a GPU machine without the FID weights);
+    benchmarks/fid_of_samples.py scores them elsewhere: the same FID, KID and class accuracy as ddim eval."""
+    from ddim.spec import SamplingSpec
+
+    paths = load_benchmark("generate_eval_samples").main(
+        [str(conditional_workdir), "--num", "10", "--steps", "2", "--batch-size", "4", "--chunk", "6",
+         "--out", str(tmp_path / "samples")])
+    assert [path.name for path in paths] == ["samples-0.npz", "samples-1.npz"]
+    records = load_benchmark("fid_of_samples").main(
+        [*map(str, paths), "--checkpoint", str(conditional_workdir), "--out", str(tmp_path / "eval"),
+         "--num", "8", "10"])
+    direct = evaluation.evaluate(evaluation.EvalRequest(conditional_workdir, num=10, spec=SamplingSpec(steps=2),
+                                                        batch_size=4), **QUIET)
+    scored = records[-1]
+    assert [record["num"] for record in records] == [8, 10]
+    assert scored["fid"] == pytest.approx(direct["fid"], rel=1e-4)
+    assert scored["kid"] == pytest.approx(direct["kid_mean"], rel=1e-4)
+    assert scored["class_accuracy"] == direct["class_accuracy"]
+    assert scored["class_accuracy_ceiling"] == direct["real_val_class_accuracy"] == 1.0
+    assert len((tmp_path / "eval" / "samples_eval.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.slow
