@@ -1,7 +1,7 @@
 """Bundled models (ddim/pretrained/): export -> load round trip, hash check, registry, CLI flags and fallback.
 
 Built on the tiny trained checkpoint of conftest; the last test runs over every
-model really bundled in the package (flowers32).
+model really bundled in the package (flowers64, the default, and flowers32).
 """
 
 from __future__ import annotations
@@ -309,9 +309,17 @@ def test_sample_falls_back_to_the_bundled_model_without_runs(use_bundles, tmp_pa
 # --- the models really bundled in the package ------------------------------------------------------------
 
 
-def test_the_package_bundles_the_readmes_model():
-    """The README's quick start samples ``flowers32`` without a run; the cases below run once per bundled model."""
-    assert "flowers32" in [manifest.name for manifest in available(PACKAGE_ROOT)]
+def test_the_package_bundles_the_readmes_models_and_the_best_is_the_default(tmp_path):
+    """The README's quick start samples ``flowers64`` without a run; the cases below run once per bundled model."""
+    assert [manifest.name for manifest in available(PACKAGE_ROOT)][:2] == ["flowers64", "flowers32"]
+    assert default_model(PACKAGE_ROOT).name == "flowers64"
+    for name in ("zeta", "flowers64", "alpha"):  # elsewhere: the preferred model first, the others by name
+        shutil.copytree(PACKAGE_ROOT / "flowers64", tmp_path / name)
+        manifest = json.loads((tmp_path / name / "model.json").read_text())
+        (tmp_path / name / "model.json").write_text(json.dumps({**manifest, "name": name}))
+    assert [manifest.name for manifest in available(tmp_path)] == ["flowers64", "alpha", "zeta"]
+    shutil.rmtree(tmp_path / "flowers64")
+    assert default_model(tmp_path).name == "alpha"
 
 
 @pytest.mark.parametrize("name", [manifest.name for manifest in available(PACKAGE_ROOT)])

@@ -4,7 +4,7 @@ A bundled model's samples must be much nearer real Oxford Flowers images than un
 pool feature of 16 samples (20 steps, seed 0) at most half as far from that of 64 real images of the
 model's size as the mean feature of 16 uniform-noise images. Measured on the Keras recipe at 32x32 after
 1,000 training steps (FID 92.6), the ratio is 0.38-0.45 over seeds 0-4; a randomly initialised network
-gives 1.04, a grey image 0.98. One case per bundled model (flowers32); the negative case
+gives 1.04, a grey image 0.98. One case per bundled model (flowers64, flowers32); the negative case
 shows the check fails for a model whose samples are noise. Needs the FID Inception's weights
 ($DDIM_FID_WEIGHTS, as .ci/run provides them) and the prepared Flowers copy ($TFDS_DATA_DIR), else skipped.
 """
