@@ -172,7 +172,6 @@ def test_the_train_and_val_splits_are_cut_from_cached_all_features(tmp_path, mon
 # --------------------------------------------------------------------------- conditional checkpoints
 
 
-@pytest.mark.slow
 def test_real_labels_are_matched_to_the_models_classes_by_name():
     """A model trained on a folder export of a dataset lists the dataset's classes in folder (name) order."""
     from ddim.evaluation.conditional import ClassPlan, as_model_ids
@@ -188,6 +187,7 @@ def test_real_labels_are_matched_to_the_models_classes_by_name():
         as_model_ids(plan, np.array([0, 1]), ["rose", "tulip"])
 
 
+@pytest.mark.slow
 def test_conditional_eval_draws_classes_as_the_data_and_scores_them(conditional_workdir):
     from ddim import data
     from ddim.evaluation import class_consistency as consistency
