@@ -40,7 +40,7 @@ def load_samples(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(images), np.concatenate(classes)
 
 
-def generated_features(images: np.ndarray, extractor, cache: Path) -> np.ndarray:
+def cached_generated_features(images: np.ndarray, extractor, cache: Path) -> np.ndarray:
     """FID features of ``images``, cached by the images' digest and the network's identity."""
     key = hashlib.sha256(images.tobytes() + extractor.identity.encode()).hexdigest()[:16]
     path = cache / f"generated-{key}.npy"
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     images, asked = load_samples(args.samples)
     real_all, _ = real(args.split)
     started = time.perf_counter()
-    features = generated_features(images, extractor, root.eval_cache)
+    features = cached_generated_features(images, extractor, root.eval_cache)
     print(f"featurised {len(images)} generated images in {time.perf_counter() - started:.0f}s")
 
     accuracy = ceiling = None
