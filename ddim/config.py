@@ -72,6 +72,12 @@ class ModelConfig:
     class_conditional: bool = False
     """Condition the network on each image's class, for class-conditional sampling with classifier-free guidance
     (Ho & Salimans 2022): the classes come from the data (TFDS labels, or an image folder's subfolders)."""
+    class_embedding: str = "noise-features"
+    """How the class reaches a class-conditional network: "noise-features" (a learned vector, initialised small,
+    std 0.1 for 102 classes, added to the noise level's sinusoidal features before the input and the block
+    embedding's MLP) or "adm" (ADM's label_emb, Dhariwal & Nichol 2021: a unit-normal vector per class added to
+    the block embedding after its MLP; needs embedding_injection "every-block"). The small vectors of
+    "noise-features" stay small in training, and the network hardly uses them (benchmarks/class_usage.py)."""
     num_classes: int = 0
     """Classes of the training data; set from the data when training starts (0: unconditional)."""
     class_names: tuple[str, ...] = ()
@@ -411,6 +417,10 @@ def _validate_recipe(config: Config) -> None:
     m, t = config.model, config.train
     _choice("model.prediction", m.prediction, ("noise", "velocity"))
     _choice("model.embedding_injection", m.embedding_injection, ("input", "every-block"))
+    _choice("model.class_embedding", m.class_embedding, ("noise-features", "adm"))
+    if m.class_embedding == "adm" and m.embedding_injection != "every-block":
+        raise ConfigError('model.class_embedding "adm" adds the class to the block embedding, which only '
+                          'model.embedding_injection "every-block" has')
     _choice("train.loss", t.loss, ("mae", "mse"))
     _choice("train.loss_weighting", t.loss_weighting, ("none", "min-snr", "p2"))
     _choice("train.lr_schedule", t.lr_schedule, ("constant", "cosine"))

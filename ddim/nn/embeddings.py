@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -35,10 +36,15 @@ class ClassEmbedding(nn.Module):
     e(labels_to)``, a point on the segment between two classes' vectors: the
     class path of an interpolation. Written so that ``mix`` 0 and 1 give
     exactly the two classes' vectors. No parameters besides the table.
+
+    ``embedding_init`` initialises the table: Flax's default (a standard
+    deviation of 1/sqrt(``num_classes + 1``), 0.1 for Flowers' 102 classes), or a unit
+    normal as ADM's ``label_emb`` (PyTorch's ``nn.Embedding`` default).
     """
 
     num_classes: int
     features: int
+    embedding_init: Callable = nn.linear.default_embed_init
 
     def ids(self, labels):
         """``labels`` as rows of the table: out of range (and -1) is the null class."""
@@ -47,7 +53,7 @@ class ClassEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, labels, labels_to=None, mix=None):
-        table = nn.Embed(self.num_classes + 1, self.features, name="table")
+        table = nn.Embed(self.num_classes + 1, self.features, embedding_init=self.embedding_init, name="table")
         vectors = table(self.ids(labels))
         if labels_to is not None:
             weights = jnp.asarray(mix, vectors.dtype)[:, None]

@@ -31,9 +31,12 @@ class UNet(nn.Module):
     ``model_kwargs``): a class-conditional network reads ``cond["label"]``
     (``(B,)`` class ids, -1 for the null class; no ``cond`` means the null
     class), and with ``cond["label_to"]`` and ``cond["label_mix"]`` (``(B,)``
-    ids and weights in [0, 1]) a mix of two classes, and adds its
-    :class:`ClassEmbedding` to the noise embedding, so the class reaches every
-    place the noise level does. Every hyperparameter comes
+    ids and weights in [0, 1]) a mix of two classes. Its
+    :class:`ClassEmbedding` is added to the noise level's sinusoidal features
+    (``model.class_embedding = "noise-features"``), so the class reaches every
+    place the noise level does, or, as ADM, a unit-normal class vector is added
+    to the output of the noise embedding's MLP that every block reads
+    (``"adm"``). Every hyperparameter comes
     from ``config`` (a :class:`ddim.config.ModelConfig`).
     """
 
@@ -54,16 +57,26 @@ class UNet(nn.Module):
         noise_embedding = sinusoidal_embedding(
             noise_variances, c.embedding_dims, c.embedding_min_frequency, c.embedding_max_frequency
         )
+        class_vectors = None
         if c.class_conditional:
             cond = cond or {}
             labels = cond["label"] if "label" in cond else jnp.full((batch,), -1, jnp.int32)
-            classes = ClassEmbedding(c.num_classes, c.embedding_dims, name="classes")
-            noise_embedding = noise_embedding + classes(labels, cond.get("label_to"), cond.get("label_mix"))
+            if c.class_embedding == "adm":
+                # ADM's label_emb: unit-normal vectors the size of the block embedding, added after its MLP.
+                classes = ClassEmbedding(c.num_classes, 4 * c.embedding_dims, nn.initializers.normal(1.0),
+                                         name="classes")
+            else:
+                classes = ClassEmbedding(c.num_classes, c.embedding_dims, name="classes")
+            class_vectors = classes(labels, cond.get("label_to"), cond.get("label_mix"))
+            if c.class_embedding == "noise-features":
+                noise_embedding = noise_embedding + class_vectors
         block_embedding = None
         if c.embedding_injection == "every-block":
             # ADM's time embedding: an MLP of the sinusoidal features, shared by every block.
             hidden = nn.swish(nn.Dense(4 * c.embedding_dims, dtype=dtype, name="embedding_in")(noise_embedding))
             block_embedding = nn.Dense(4 * c.embedding_dims, dtype=dtype, name="embedding_out")(hidden)
+            if c.class_conditional and c.class_embedding == "adm":
+                block_embedding = block_embedding + class_vectors.astype(block_embedding.dtype)
         # Keras upsamples the 1x1 embedding to the image size with nearest-neighbour: a broadcast.
         embedding = jnp.broadcast_to(noise_embedding, (batch, height, width, c.embedding_dims))
         x = Conv(c.widths[0], 1, dtype, name="stem")(noisy_images)
