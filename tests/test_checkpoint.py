@@ -58,6 +58,12 @@ def test_model_config_mismatch_names_the_key():
     assert ckpt.model_config_mismatch(a, a) is None
     assert "model.block_depth is 2" in ckpt.model_config_mismatch(a, b)
     assert ckpt.model_config_mismatch(a, tiny_config("model.dtype=bfloat16")) is None
+    # An unconditional run resumes under a config that only changes how a class would be embedded.
+    adm = tiny_config('model.embedding_injection="every-block"', 'model.class_embedding="adm"')
+    assert ckpt.model_config_mismatch(tiny_config('model.embedding_injection="every-block"'), adm) is None
+    by_class = ("model.class_conditional=true", 'model.embedding_injection="every-block"')
+    assert "model.class_embedding is 'adm'" in ckpt.model_config_mismatch(
+        tiny_config(*by_class), tiny_config(*by_class, 'model.class_embedding="adm"'))
 
 
 def test_corrupt_checkpoint_is_a_clear_error(trained_workdir, tmp_path):

@@ -53,11 +53,13 @@ def _open(directory: Path) -> Checkpointer:
 def model_config_mismatch(saved: Config, current: Config) -> str | None:
     """Describe the first model-config difference between a checkpoint and a run, or None.
 
-    The compute dtype is not compared: parameters are float32 either way.
+    The compute dtype is not compared: parameters are float32 either way. Nor is the class embedding of two
+    unconditional models, which have none (a config may set it for when it trains by class).
     """
     saved_model, current_model = dataclasses.asdict(saved.model), dataclasses.asdict(current.model)
+    unconditional = not saved_model.get("class_conditional") and not current_model["class_conditional"]
     for key, value in current_model.items():
-        if key == "dtype":
+        if key == "dtype" or (key == "class_embedding" and unconditional):
             continue
         if saved_model.get(key) != value:
             return f"model.{key} is {value!r} but the checkpoint was trained with {saved_model.get(key)!r}"
