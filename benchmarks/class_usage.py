@@ -17,6 +17,7 @@ Cheap (three forward passes per image and time): minutes on a CPU for a 32x32 mo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -56,23 +57,19 @@ def wrong_labels(labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
     return (labels + offsets) % num_classes
 
 
-def class_usage(pipe, images: np.ndarray, labels: np.ndarray, times=TIMES, batch_size: int = 128,
-                seed: int = 0) -> dict:
-    """Clean-image errors with the right, null and wrong class at each of ``times``, and the class gain."""
+@functools.lru_cache(maxsize=4)
+def compiled_errors(model_config):
+    """``errors(variables, images, labels, wrong, time, key)``: the clean-image errors with the right, null and
+    wrong class, compiled once per model shape (the variables are an argument, so any weights reuse it)."""
     import jax
     import jax.numpy as jnp
 
     from ddim.model import DiffusionModel
 
-    model = DiffusionModel(pipe.config.model)
-    variables = pipe.variables
-    num_classes = pipe.config.model.num_classes
-    if not pipe.config.model.class_conditional:
-        raise SystemExit("error: the model is not class-conditional (trained without model.class_conditional)")
-    wrong = wrong_labels(labels, num_classes, seed)
+    model = DiffusionModel(model_config)
 
     @jax.jit
-    def errors(batch_images, batch_labels, batch_wrong, time, key):
+    def errors(variables, batch_images, batch_labels, batch_wrong, time, key):
         clean = model.apply(variables, batch_images, method=DiffusionModel.normalize)
         noise = jax.random.normal(key, clean.shape)
         noise_rates, signal_rates = model.apply(variables, jnp.full((clean.shape[0], 1, 1, 1), time),
@@ -86,13 +83,28 @@ def class_usage(pipe, images: np.ndarray, labels: np.ndarray, times=TIMES, batch
 
         return error(batch_labels), error(jnp.full_like(batch_labels, -1)), error(batch_wrong)
 
+    return errors
+
+
+def class_usage(pipe, images: np.ndarray, labels: np.ndarray, times=TIMES, batch_size: int = 128,
+                seed: int = 0) -> dict:
+    """Clean-image errors with the right, null and wrong class at each of ``times``, and the class gain."""
+    import jax
+    import jax.numpy as jnp
+
+    if not pipe.config.model.class_conditional:
+        raise SystemExit("error: the model is not class-conditional (trained without model.class_conditional)")
+    variables = pipe.variables
+    wrong = wrong_labels(labels, pipe.config.model.num_classes, seed)
+    errors = compiled_errors(pipe.config.model)
+
     rows = []
     for index, time in enumerate(times):
         sums = np.zeros(3)
         for start in range(0, len(images), batch_size):
             stop = start + batch_size
             key = jax.random.fold_in(jax.random.PRNGKey(seed), index * 1_000_003 + start)
-            parts = errors(jnp.asarray(images[start:stop], jnp.float32) / 255.0, jnp.asarray(labels[start:stop]),
+            parts = errors(variables, jnp.asarray(images[start:stop], jnp.float32) / 255.0, jnp.asarray(labels[start:stop]),
                            jnp.asarray(wrong[start:stop]), jnp.float32(time), key)
             sums += [float(np.sum(part)) for part in parts]
         right, null, other = sums / len(images)
