@@ -1,4 +1,4 @@
-"""How much a class-conditional model uses the class: its denoising error with the right class, no class and a wrong one.
+"""How much a class-conditional model uses the class: its denoising error with the right, no and a wrong class.
 
 Classifier-free guidance can only amplify what the class changes in the network's prediction. This measures it
 directly, without sampling or the FID Inception: real validation images (the model's own data config, with
@@ -34,20 +34,18 @@ TIMES = (0.1, 0.3, 0.5, 0.7, 0.9)
 def real_validation(config, num: int):
     """The first ``num`` validation images of the model's data config and their labels as the model's class ids.
 
-    Labels are matched to the model's classes by name, as ``ddim eval`` does: a bundled model trained on a
-    folder export of a TFDS dataset lists the classes in another order than the dataset it names.
+    Labels are matched to the model's classes by name, as ``ddim eval`` does (its ``as_model_ids``): a bundled
+    model trained on a folder export of a TFDS dataset lists the classes in another order than the dataset.
     """
     from ddim import data as data_lib
+    from ddim.evaluation.conditional import ClassPlan, as_model_ids
 
     data = data_lib.load(config, None, ("val",), log=log, check=False)
     if data.val is None or data.val.labels is None:
         raise SystemExit("error: the model's data has no labelled validation split")
     count = min(num, len(data.val))
-    labels = np.asarray(data.val.labels[:count])
-    names = config.model.class_names
-    if data.class_names and list(data.class_names) != list(names):
-        model_id = {name: index for index, name in enumerate(names)}
-        labels = np.array([model_id[data.class_names[label]] for label in labels], np.int32)
+    plan = ClassPlan(config.model.class_names, None, 1.0)
+    labels = as_model_ids(plan, np.asarray(data.val.labels[:count]), data.class_names)
     return np.asarray(data.val[:count]), labels
 
 
@@ -104,8 +102,9 @@ def class_usage(pipe, images: np.ndarray, labels: np.ndarray, times=TIMES, batch
         for start in range(0, len(images), batch_size):
             stop = start + batch_size
             key = jax.random.fold_in(jax.random.PRNGKey(seed), index * 1_000_003 + start)
-            parts = errors(variables, jnp.asarray(images[start:stop], jnp.float32) / 255.0, jnp.asarray(labels[start:stop]),
-                           jnp.asarray(wrong[start:stop]), jnp.float32(time), key)
+            batch_images = jnp.asarray(images[start:stop], jnp.float32) / 255.0
+            parts = errors(variables, batch_images, jnp.asarray(labels[start:stop]), jnp.asarray(wrong[start:stop]),
+                           jnp.float32(time), key)
             sums += [float(np.sum(part)) for part in parts]
         right, null, other = sums / len(images)
         rows.append({"time": time, "right": right, "null": null, "wrong": other, "gain": 1.0 - right / null})

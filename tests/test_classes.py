@@ -178,16 +178,16 @@ def test_guidance_moves_samples_towards_the_class(pipe):
     assert np.sum((strong.astype(float) - uncond) * direction) > np.sum(direction * direction)
 
 
-def test_adm_class_embedding_adds_unit_vectors_to_the_block_embedding_and_guides_as_the_default():
-    """``model.class_embedding = "adm"``: a unit-normal class vector per class, as wide as the block embedding,
-    added after its MLP; the class changes the output, and guidance works as with the default."""
+@pytest.fixture(scope="module")
+def adm():
+    """A tiny model with ``model.class_embedding = "adm"``: ``(config, initial variables, denoise(cond))``.
+
+    ``denoise`` runs it with its head and the blocks' scale-and-shift, which start at zero, moved, so that the
+    output depends on the class.
+    """
     config = conditional_config('model.embedding_injection="every-block"', 'model.class_embedding="adm"')
     model = DiffusionModel(config.model)
     variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
-    table = variables["params"]["network"]["classes"]["table"]["embedding"]
-    assert table.shape == (4, 4 * config.model.embedding_dims)  # 3 classes and the null class
-    assert 0.8 < float(jnp.std(table)) < 1.2  # the default's is 1/sqrt(4) = 0.5
-    # The head and the blocks' scale-and-shift start at zero: move them, so the output depends on the class.
     params = jax.tree_util.tree_map_with_path(
         lambda p, x: x + 0.2 * jax.random.normal(jax.random.key(3), x.shape)
         if "head" in jax.tree_util.keystr(p) or "scale_shift" in jax.tree_util.keystr(p) else x, variables["params"])
@@ -197,6 +197,16 @@ def test_adm_class_embedding_adds_unit_vectors_to_the_block_embedding_and_guides
     def denoise(cond):
         return model.apply({**variables, "params": params}, x, *rates, False, cond, method=DiffusionModel.denoise)[0]
 
+    return config, variables, denoise
+
+
+def test_adm_class_embedding_adds_unit_vectors_to_the_block_embedding_and_guides_as_the_default(adm):
+    """``model.class_embedding = "adm"``: a unit-normal class vector per class, as wide as the block embedding,
+    added after its MLP; the class changes the output, and guidance works as with the default."""
+    config, variables, denoise = adm
+    table = variables["params"]["network"]["classes"]["table"]["embedding"]
+    assert table.shape == (4, 4 * config.model.embedding_dims)  # 3 classes and the null class
+    assert 0.8 < float(jnp.std(table)) < 1.2  # the default's is 1/sqrt(4) = 0.5
     labels = jnp.array([1, 2])
     conditional, unconditional = denoise({"label": labels}), denoise({"label": jnp.array([-1, -1])})
     assert float(jnp.abs(conditional - unconditional).max()) > 1e-3
@@ -205,20 +215,8 @@ def test_adm_class_embedding_adds_unit_vectors_to_the_block_embedding_and_guides
 
 
 @pytest.mark.slow
-def test_adm_class_embedding_mixes_two_classes_and_trains():
-    config = conditional_config('model.embedding_injection="every-block"', 'model.class_embedding="adm"')
-    model = DiffusionModel(config.model)
-    variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
-    table = variables["params"]["network"]["classes"]["table"]["embedding"]
-    params = jax.tree_util.tree_map_with_path(
-        lambda p, x: x + 0.2 * jax.random.normal(jax.random.key(3), x.shape)
-        if "head" in jax.tree_util.keystr(p) or "scale_shift" in jax.tree_util.keystr(p) else x, variables["params"])
-    x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-    rates = jnp.full((2, 1, 1, 1), 0.6), jnp.full((2, 1, 1, 1), 0.8)
-
-    def denoise(cond):
-        return model.apply({**variables, "params": params}, x, *rates, False, cond, method=DiffusionModel.denoise)[0]
-
+def test_adm_class_embedding_mixes_two_classes_and_trains(adm):
+    config, variables, denoise = adm
     mixed = {"label": jnp.array([1, 2]), "label_to": jnp.array([0, 0])}
     np.testing.assert_array_equal(denoise({**mixed, "label_mix": jnp.zeros(2)}), denoise({"label": mixed["label"]}))
     np.testing.assert_array_equal(denoise({**mixed, "label_mix": jnp.ones(2)}), denoise({"label": jnp.array([0, 0])}))
@@ -226,9 +224,10 @@ def test_adm_class_embedding_mixes_two_classes_and_trains():
     state = state_lib.create_train_state(config, jax.random.key(0))
     step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True, label_dropout=0.1))
     images = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8))
+    before = np.asarray(state.params["network"]["classes"]["table"]["embedding"])
     state, metrics = step(state, {"image": images, "label": jnp.array([0, 1, 2, 1])}, jax.random.key(1))
     assert all(np.isfinite(float(value)) for value in metrics.values())
-    moved = state.params["network"]["classes"]["table"]["embedding"] - table
+    moved = state.params["network"]["classes"]["table"]["embedding"] - before
     assert float(jnp.abs(moved[:3]).max()) > 0  # the class vectors train
 
 
