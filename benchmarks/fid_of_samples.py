@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from ddim.data import cache_root
     from ddim.evaluation import class_consistency, metrics
     from ddim.evaluation.fid_inception import standard_factory
-    from ddim.evaluation.record import append_record
+    from ddim.workdir.records import append_record
     from ddim.evaluation.reference import labelled_real_features
     from ddim.workdir import Workdir
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
+from ddim.workdir.records import append_record, read_records  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import log, score_fid  # noqa: E402
@@ -52,7 +53,7 @@ def setting(row: dict) -> tuple:
 
 def read_results(out: Path) -> list[dict]:
     path = out / RESULTS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_records(path)
 
 
 def score(source, guidance: float, steps: int, num: int, out: Path, batch_size: int = 64,
@@ -155,8 +156,7 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[
         row = score(args.checkpoint, guidance, args.steps, args.num, args.out, args.batch_size,
                     feature_extractor_factory)
         log(json.dumps(row))
-        with open(args.out / RESULTS, "a") as file:
-            file.write(json.dumps(row) + "\n")
+        append_record(args.out / RESULTS, row)
     wanted = {float(g) for g in args.guidance}
     rows = [row for row in read_results(args.out) if row["checkpoint"] == str(pipe.path) and row["step"] == pipe.step
             and (row["steps"], row["num"]) == (args.steps, args.num) and row["guidance"] in wanted]

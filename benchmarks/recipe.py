@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
+from ddim.workdir.records import append_record, read_records  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import log, score_fid  # noqa: E402
@@ -100,11 +101,7 @@ def train(root: Path, variant: str, steps: list[int], until: int) -> None:
 
 
 def done(root: Path) -> set[tuple[str, int, str, str]]:
-    path = root / "results.jsonl"
-    if not path.exists():
-        return set()
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["variant"], r["step"], r["sampler"], r["spacing"]) for r in lines}
+    return {(r["variant"], r["step"], r["sampler"], r["spacing"]) for r in read_records(root / "results.jsonl")}
 
 
 def score(root: Path, variant: str, step: int, sampler: str, spacing: str, num: int) -> dict:
@@ -155,7 +152,7 @@ def seconds_per_step(variants: list[str], image_size: int, rounds: int = 6) -> d
 
 
 def table(root: Path, timing: dict) -> str:
-    rows = [json.loads(line) for line in (root / "results.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_records(root / "results.jsonl")
     fids = {(r["variant"], r["step"], r["sampler"]): r["fid"] for r in rows}
     lines = ["| variant | s/step 32px | s/step 64px | steps | FID ddim/uniform | FID dpmpp-2m/logsnr |",
              "| --- | --- | --- | --- | --- | --- |"]
@@ -206,8 +203,7 @@ def main() -> None:
                         continue
                     result = score(args.root, variant, step, sampler, spacing, args.num)
                     log(json.dumps(result))
-                    with open(args.root / "results.jsonl", "a") as f:
-                        f.write(json.dumps(result) + "\n")
+                    append_record(args.root / "results.jsonl", result)
     if (args.root / "results.jsonl").exists():
         print(table(args.root, timing))
 

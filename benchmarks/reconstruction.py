@@ -16,7 +16,6 @@ model, a schedule whose clean end has signal rate ~1) are printed beside ours.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
+from ddim.workdir.records import append_record, read_records  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_model_options, log, model_source  # noqa: E402
@@ -80,7 +80,7 @@ def main(argv=None) -> list[dict]:
     images = validation_images(pipe.config, args.num)
     common = {"checkpoint": str(pipe.path), "step": pipe.step, "num": len(images), "spacing": args.spacing}
     results_file = args.out / "reconstruction.jsonl"
-    previous = [json.loads(line) for line in results_file.read_text().splitlines()] if results_file.exists() else []
+    previous = read_records(results_file)
     previous = [r for r in previous if all(r.get(k) == v for k, v in common.items())]
     done = {r["steps"] for r in previous}
     for steps in (int(s) for s in args.steps.split(",")):
@@ -96,8 +96,7 @@ def main(argv=None) -> list[dict]:
         }
         log(f"{steps:4d} steps: MSE {record['mse']:.5f} (median {record['mse_median']:.5f}), "
             f"{record['seconds_per_image']:.2f} s/image (load {record['load_average']:.1f})")
-        with open(results_file, "a") as file:
-            file.write(json.dumps(record) + "\n")
+        append_record(results_file, record)
         previous.append(record)
     print(markdown_table(previous))
     return previous

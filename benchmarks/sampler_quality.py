@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import json
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
+from ddim.workdir.records import append_record, read_records  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_model_options, log, model_source, score_fid  # noqa: E402
@@ -131,13 +131,8 @@ def rmse(images, reference) -> float:
 
 def read_results(path: Path, common: dict, metric: str) -> list[dict]:
     """The rows of ``path`` measured with the settings ``common`` that hold ``metric``."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = read_records(path)
     return [r for r in rows if metric in r and all(r.get(k) == v for k, v in common.items())]
-
-
-def append(path: Path, record: dict) -> None:
-    with open(path, "a") as file:
-        file.write(json.dumps(record) + "\n")
 
 
 def markdown_table(results: list[dict], steps: list[int]) -> str:
@@ -194,7 +189,7 @@ def rmse_results(pipe, args, settings: list[tuple[int, str, str]], results_file:
                   "check_num": count, "rmse": rmse(images, reference[:count]), "seconds_per_image": seconds / count}
         log(f"reference check: DDIM {args.reference_steps // 2} vs {args.reference_steps} steps on {count} images: "
             f"RMSE {record['rmse']:.5f} (about the reference's own error)")
-        append(results_file, record)
+        append_record(results_file, record)
 
     for count, sampler, spacing in settings:
         if (sampler, spacing, count) in done:
@@ -207,7 +202,7 @@ def rmse_results(pipe, args, settings: list[tuple[int, str, str]], results_file:
         }
         log(f"{sampler:9s} {spacing:8s} {count:4d} steps: RMSE {record['rmse']:.4f}, "
             f"{record['seconds_per_image']:.3f} s/image (load {record['load_average']:.1f})")
-        append(results_file, record)
+        append_record(results_file, record)
     return read_results(results_file, common, "rmse")
 
 
@@ -232,7 +227,7 @@ def fid_results(source, pipe, args, settings: list[tuple[int, str, str]], result
                "kid": record["kid_mean"], "real_num": record["real_num"],
                "fid_feature_net": record["fid_feature_net"], "wall_time_s": record["wall_time_s"]}
         log(f"{sampler:9s} {spacing:8s} {count:4d} steps: FID {row['fid']:.2f}, KID {row['kid']:.4f}")
-        append(results_file, row)
+        append_record(results_file, row)
     return read_results(results_file, common, "fid")
 
 

@@ -496,3 +496,15 @@ def test_bad_real_stats_are_one_clear_error(tmp_path, content, message):
         np.savez(path, **content)
     with pytest.raises(evaluation.EvaluationError, match=re.escape(message)):
         evaluation.load_real_stats(path)
+
+
+def test_records_are_appended_and_read_back_skipping_a_line_cut_short(tmp_path):
+    from ddim.workdir.records import append_record, read_records
+
+    path = tmp_path / "eval.jsonl"
+    assert read_records(path) == []  # no file yet: no records
+    append_record(path, {"step": 1, "fid": 90.5})
+    with open(path, "a") as file:  # a kill in the middle of an append, then a line that is not a record
+        file.write('{"step": 2, "fi\n[1, 2]\n\n')
+    append_record(path, {"step": 3, "fid": 80.25})
+    assert read_records(path) == [{"step": 1, "fid": 90.5}, {"step": 3, "fid": 80.25}]

@@ -14,7 +14,7 @@
 - :mod:`~ddim.evaluation.generated`: features of generated images, and the cheap KID of training.
 - :mod:`~ddim.evaluation.request`: :class:`EvalRequest`, what one evaluation is asked to do.
 - :mod:`~ddim.evaluation.job`: :func:`evaluate` runs a request (``ddim eval``).
-- :mod:`~ddim.evaluation.record`: the ``eval.jsonl`` line and its table.
+- :mod:`~ddim.evaluation.record`: the table of an ``eval.jsonl`` line (appended by :mod:`ddim.workdir.records`).
 
 TensorFlow loads only when a Keras network is built; JAX only when the FID Inception is.
 """
@@ -50,9 +50,10 @@ from ddim.evaluation.reference import (
     select_real,
     split_expression,
 )
-from ddim.evaluation.record import append_record, format_table
+from ddim.evaluation.record import format_table
 from ddim.evaluation.request import NETWORKS, EvalRequest
 from ddim.workdir.layout import EVAL_FILE
+from ddim.workdir.records import append_record
 
 __all__ = [
     "CACHE_DIR",

@@ -39,10 +39,11 @@ from ddim.evaluation.conditional import (
 from ddim.evaluation.features import FID_IMAGE_SIZE, KID_IMAGE_SIZE, EvaluationError, FeatureExtractor, FeatureFactory
 from ddim.evaluation.generated import generated_features
 from ddim.evaluation.keras_inception import file_md5, inception_factory
-from ddim.evaluation.record import append_record, format_table  # noqa: F401  (format_table: re-exported)
+from ddim.evaluation.record import format_table  # noqa: F401  (re-exported)
 from ddim.evaluation.reference import labelled_real_features, load_real_stats, real_features, split_expression
 from ddim.evaluation.request import NETWORKS, EvalRequest  # noqa: F401  (NETWORKS: re-exported)
 from ddim.workdir.layout import EVAL_FILE, Workdir
+from ddim.workdir.records import append_record
 
 Log = Callable[[str], None]
 

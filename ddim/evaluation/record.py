@@ -1,16 +1,8 @@
-"""The result of an evaluation: one JSON line appended to ``eval.jsonl``, and a small table of it."""
+"""The result of an evaluation as a small table (the ``eval.jsonl`` line is appended by :mod:`ddim.workdir.records`)."""
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
-
-
-def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line to ``path``."""
-    with open(path, "a", encoding="utf-8") as file:
-        file.write(json.dumps(record, sort_keys=False) + "\n")
 
 
 _NETWORK_LABELS = {"standard": "pool3", "keras": "Keras"}

@@ -14,12 +14,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ddim.config import Config
 from ddim.errors import InputError
 from ddim.pretrained.errors import PretrainedError
 from ddim.workdir.layout import Workdir
+from ddim.workdir.records import read_records
 
 ORBAX_METADATA = "_CHECKPOINT_METADATA"  # orbax writes it into every step directory it commits
 
@@ -92,21 +93,11 @@ def _same_path(named: Any, path: Path) -> bool:
         return False
 
 
-def _eval_lines(eval_file: Path) -> Iterable[dict[str, Any]]:
+def _eval_lines(eval_file: Path) -> list[dict[str, Any]]:
     try:
-        text = eval_file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
+        return read_records(eval_file)
     except OSError as error:
         raise PretrainedError(f"cannot read {eval_file}: {error.strerror or error}") from None
-    lines = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        if raw.strip():
-            try:
-                lines.append(json.loads(raw))
-            except ValueError:
-                raise PretrainedError(f"{eval_file}, line {number}, is not JSON") from None
-    return [line for line in lines if isinstance(line, dict)]
 
 
 def _is_default_sampler(line: dict[str, Any]) -> bool:
