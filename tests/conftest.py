@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-# Before JAX starts: no persistent compilation cache writes from tests into the user's home.
-os.environ.setdefault("DDIM_COMPILATION_CACHE", "off")
+# Before JAX starts: JAX's persistent compilation cache in a directory of this test session's own, whatever
+# the environment says, so nothing is written into the user's home and nothing from an earlier session is
+# reused. Many tests train, resume or sample the same tiny programs, in this process and in the CLI
+# subprocesses they start (which read the variable); each program is compiled once per session.
+os.environ["DDIM_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="ddim-test-compilation-cache-")
+atexit.register(shutil.rmtree, os.environ["DDIM_COMPILATION_CACHE"], ignore_errors=True)
 # Data caches of calls without a work directory go to a temporary directory, not the user's home.
 if "DDIM_DATA_CACHE" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
-
     os.environ["DDIM_DATA_CACHE"] = tempfile.mkdtemp(prefix="ddim-test-data-cache-")
     atexit.register(shutil.rmtree, os.environ["DDIM_DATA_CACHE"], ignore_errors=True)
+
+from ddim import runtime  # noqa: E402  (after the variables: ddim sets JAX's flags on import)
+
+runtime.enable_compilation_cache()
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
