@@ -205,8 +205,9 @@ def test_the_page_gives_the_pixels_of_its_command_with_a_class_and_guidance(cond
                                                                guidance=2.5))
     drawn = conditional_bench.sample(3, 2, 7, class_name=ANY_CLASS, guidance=1)
     np.testing.assert_array_equal(drawn.images, pipe.generate(3, steps=2, seed=7))
-    digits = conditional_bench.sample(2, 2, 7, class_name="2", guidance=0)  # the class named "2" is id 0
-    assert "--class 0" in digits.command and digits.captions[0].startswith("#0 · seed 7 · class 2 ·")
+    # The class named "2" is id 0; the command names it, and the command line reads a name before an id.
+    digits = conditional_bench.sample(2, 2, 7, class_name="2", guidance=0)
+    assert "--class 2" in digits.command and digits.captions[0].startswith("#0 · seed 7 · class 2 ·")
     monkeypatch.chdir(tmp_path)
     for name, result in (("picked", picked), ("drawn", drawn), ("digits", digits)):
         out = tmp_path / name
