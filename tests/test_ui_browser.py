@@ -239,7 +239,7 @@ def test_a_class_found_by_searching_and_a_guidance_scale(conditional_page):
     command = page.element("sample-info").text
     assert "--class 'pink primrose'" in command and "--guidance 2.5" in command
     # "Any" again: each image's class drawn from the seed, and named under it.
-    from ddim.ui.page import ANY_CLASS_LABEL
+    from ddim.ui.controls import ANY_CLASS_LABEL
 
     page.search("sample-class", "any", ANY_CLASS_LABEL)
     page.set_number("sample-seed", 4)

@@ -9,11 +9,14 @@
   on the device), :mod:`ddim.ui.results` (captions, file names, the summary),
   :mod:`ddim.ui.command` (the ``ddim`` command that reproduces a result) and
   :mod:`ddim.ui.card` (the header: checkpoint, work directory, device).
-- :mod:`ddim.ui.page`: the Gradio page over a workbench (imports Gradio).
+- :mod:`ddim.ui.page`: the Gradio page over a workbench, a tab per verb (imports Gradio).
+  Its parts: :mod:`ddim.ui.controls` (the controls the tabs share),
+  :mod:`ddim.ui.events` (the device queue slot, raw inputs, errors shown in the
+  page) and :mod:`ddim.ui.downloads` (the result files offered for download).
 - :mod:`ddim.ui.server`: starting and stopping the server (temporary files, host,
   port, signals).
 
-Nothing here imports Gradio at module level except :mod:`ddim.ui.page`, so the
+Nothing here imports Gradio at module level except the page and its parts, so the
 command line stays instant and says how to install the extra when it is missing.
 """
 

@@ -104,7 +104,7 @@ class Server:
                 inbrowser=False,
                 prevent_thread_lock=True,
                 quiet=True,
-                show_error=False,  # messages come from ddim.ui.page.shown_in_page
+                show_error=False,  # messages come from ddim.ui.events.shown_in_page
                 ssr_mode=False,
                 mcp_server=False,
                 enable_monitoring=False,

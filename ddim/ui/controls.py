@@ -1,0 +1,84 @@
+"""The controls the page's tabs share: steps, sampler, class and guidance, seed, uploads, results.
+
+Each takes the tab's name, which prefixes its ``elem_id`` (the browser tests find controls by it).
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ddim.spec import SAMPLERS, SPACINGS, SamplingSpec
+from ddim.ui.checks import ANY_CLASS, MAX_ETA, MAX_SEED
+from ddim.ui.workbench import Workbench
+
+# The controls start at the spec's defaults, as `ddim sample` without options.
+DEFAULTS = SamplingSpec()
+SAMPLER_INFO = "dpmpp-2m/3m (DPM-Solver++) get closer to the converged image in few steps"
+SPACING_INFO = "the time grid: uniform in t (DDIM's), in log-SNR, or Karras'"
+# The guidance slider's range (the scale itself may be any number >= 0, as `ddim sample --guidance`).
+MAX_GUIDANCE_SHOWN = 8.0
+GUIDANCE_INFO = "classifier-free guidance: 1 is plain conditional sampling, 0 ignores the class, above 1 more like it"
+ANY_CLASS_LABEL = "any: drawn from the seed, as often as in the training data"
+
+
+def steps_slider(tab: str, limit: int, value: int = DEFAULTS.steps):
+    return gr.Slider(1, limit, value=min(value, limit), step=1, label="steps (network calls per image)",
+                     elem_id=f"{tab}-steps")
+
+
+def sampler_controls(tab: str, limit: int, stochastic: bool = True):
+    """Steps, sampler, spacing and (for the verbs that take it) eta; returns them in the verbs' order."""
+    steps = steps_slider(tab, limit)
+    with gr.Row():
+        sampler = gr.Dropdown(list(SAMPLERS), value=DEFAULTS.sampler, label="sampler", info=SAMPLER_INFO,
+                              elem_id=f"{tab}-sampler", visible=stochastic)
+        spacing = gr.Dropdown(list(SPACINGS), value=DEFAULTS.spacing, label="spacing", info=SPACING_INFO,
+                              elem_id=f"{tab}-spacing")
+    eta = gr.Slider(0, MAX_ETA, value=0, step=0.05, label="eta (0: deterministic; 1: DDPM-like; ddim only)",
+                    elem_id=f"{tab}-eta", visible=stochastic)
+    return steps, sampler, spacing, eta
+
+
+def class_controls(workbench: Workbench, tab: str, pickers=(("class", "class"),)):
+    """The class picker(s) (``(id suffix, label)`` each) and the guidance slider; returns them in that order.
+
+    A checkpoint without classes gets none of them: stand-ins that hold None
+    take their places in the handlers' inputs (and are no part of the page's API).
+    """
+    if not workbench.classes.conditional:
+        return [gr.State(None) for _ in range(len(pickers) + 1)]
+    choices = [(ANY_CLASS_LABEL, ANY_CLASS)] + [(name, name) for name in workbench.classes.names]
+    info = f"{len(workbench.classes.names)} classes; type to search"
+    with gr.Row():
+        controls = [gr.Dropdown(choices, value=ANY_CLASS, filterable=True, label=label, info=info,
+                                elem_id=f"{tab}-{suffix}") for suffix, label in pickers]
+    guidance = gr.Slider(0, MAX_GUIDANCE_SHOWN, value=1, step=0.25, label="guidance scale", info=GUIDANCE_INFO,
+                         elem_id=f"{tab}-guidance")
+    return [*controls, guidance]
+
+
+def seed_field(tab: str, label: str = "seed"):
+    """A seed field with a random-seed button (no server round trip)."""
+    with gr.Row(equal_height=True):
+        seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label=label, scale=3,
+                         elem_id=f"{tab}-seed")
+        dice = gr.Button("random seed", size="sm", scale=1, elem_id=f"{tab}-random-seed")
+    dice.click(None, None, seed, js=f"() => Math.floor(Math.random() * {MAX_SEED + 1})", api_visibility="private")
+    return seed
+
+
+def upload_field(tab: str, label: str = "image"):
+    return gr.Image(label=label, type="filepath", sources=["upload", "clipboard"], format="png",
+                    elem_id=f"{tab}-upload", elem_classes=["pixelated"], height=300)
+
+
+def shown_image(label: str, tab: str, name: str):
+    return gr.Image(label=label, interactive=False, format="png", buttons=["download", "fullscreen"],
+                    elem_id=f"{tab}-{name}", elem_classes=["pixelated", "enlarged"], height=300)
+
+
+def gallery(tab: str, label: str, columns: int = 8):
+    # "fit-content": as tall as its images (Gradio's "auto" is a fixed height with a scrollbar).
+    return gr.Gallery(label=label, columns=columns, format="png", object_fit="contain", height="fit-content",
+                      buttons=["download", "download_all", "fullscreen"], elem_classes=["pixelated"],
+                      elem_id=f"{tab}-gallery")
