@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from ddim.data import cache_root
     from ddim.evaluation import class_consistency, metrics
     from ddim.evaluation.fid_inception import standard_factory
-    from ddim.workdir.records import append_record
     from ddim.evaluation.reference import labelled_real_features
     from ddim.workdir import Workdir
+    from ddim.workdir.records import append_record
 
     pipe = ddim.load(args.checkpoint)
     config = ddim.load_config(args.config, args.overrides) if args.config else pipe.config

@@ -52,8 +52,7 @@ def setting(row: dict) -> tuple:
 
 
 def read_results(out: Path) -> list[dict]:
-    path = out / RESULTS
-    return read_records(path)
+    return read_records(out / RESULTS)
 
 
 def score(source, guidance: float, steps: int, num: int, out: Path, batch_size: int = 64,

@@ -80,8 +80,7 @@ def main(argv=None) -> list[dict]:
     images = validation_images(pipe.config, args.num)
     common = {"checkpoint": str(pipe.path), "step": pipe.step, "num": len(images), "spacing": args.spacing}
     results_file = args.out / "reconstruction.jsonl"
-    previous = read_records(results_file)
-    previous = [r for r in previous if all(r.get(k) == v for k, v in common.items())]
+    previous = [r for r in read_records(results_file) if all(r.get(k) == v for k, v in common.items())]
     done = {r["steps"] for r in previous}
     for steps in (int(s) for s in args.steps.split(",")):
         if steps in done:
