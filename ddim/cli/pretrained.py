@@ -71,7 +71,7 @@ def export(
                                          "line (recorded as given)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory of bundled models to write NAME/ into "
                                        "(default: the package's ddim/pretrained/, or $DDIM_PRETRAINED_DIR)."),
-    real_data: Optional[Path] = typer.Option(None, "--real-data", help="A config whose [data] the bundle keeps "
+    real_data: Optional[Path] = typer.Option(None, "--real-data", help="A config whose data section the bundle keeps "
                                              "instead of the checkpoint's: what ddim eval scores it against (for a "
                                              "model trained on a copy of a dataset, the dataset itself; classes "
                                              "are matched by name)."),
