@@ -272,6 +272,21 @@ def test_a_tool_with_pretrained(use_bundles, tmp_path):
     assert f"bundled model {NAME}" in result.output and (tmp_path / "rec" / "comparison.png").is_file()
 
 
+def test_the_page_of_a_bundled_model_names_it_and_prints_a_command_that_works_anywhere(use_bundles, tmp_path):
+    """The header and the printed command say ``--pretrained NAME``, not the package's path on this machine."""
+    from ddim.ui.workbench import Limits, Workbench
+
+    bench = Workbench(ddim.load(f"pretrained:{NAME}"), Limits(max_images=4, max_steps=4))
+    header = bench.card.markdown()
+    assert f"bundled model `{NAME}` (step 6, config `smoke`)" in header and str(use_bundles) not in header
+    result = bench.sample(2, 2, 3, 0)
+    assert result.command.startswith(f"ddim sample --pretrained {NAME} --num 2 --seed 3 --steps 2 ")
+    outcome = invoke(*result.command.split()[1:], "--out", tmp_path / "out", "--no-grid")
+    assert outcome.exit_code == 0, outcome.output
+    written = [np.asarray(Image.open(tmp_path / "out" / f"000{i}.png").convert("RGB")) for i in range(2)]
+    np.testing.assert_array_equal(np.stack(written), result.images)
+
+
 @pytest.mark.parametrize("command", [
     ["sample"], ["eval"], ["serve"], ["invert", "a.png"], ["reconstruct", "a.png"],
     ["interpolate", "--from", "1", "--to", "2"], ["edit", "a.png"], ["inpaint", "a.png", "--mask", "a.png"],

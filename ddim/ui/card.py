@@ -23,6 +23,7 @@ class ModelCard:
     parameters: int
     device: str
     classes: int = 0  # of a class-conditional model
+    pretrained: str | None = None  # the bundled model's name (``ddim.load("pretrained:NAME")``), else None
 
     @classmethod
     def of(cls, pipeline) -> "ModelCard":
@@ -39,14 +40,17 @@ class ModelCard:
             parameters=parameters,
             device=describe_devices(jax.devices()),
             classes=len(pipeline.classes),
+            pretrained=getattr(pipeline, "pretrained", None),
         )
 
     def markdown(self) -> str:
         size = f"{self.image_size}x{self.image_size}"
         where = f"work directory `{self.workdir}` · " if self.workdir is not None else ""
         classes = f" · {self.classes} classes" if self.classes else ""
+        # A bundled model by its name: its path is somewhere inside the installed package.
+        source = f"bundled model `{self.pretrained}`" if self.pretrained else f"checkpoint `{self.checkpoint}`"
         return (
-            f"**ddim** · {where}checkpoint `{self.checkpoint}` (step {self.step}, config `{self.config_name}`) · "
+            f"**ddim** · {where}{source} (step {self.step}, config `{self.config_name}`) · "
             f"{size} images{classes} · {format_count(self.parameters)} parameters (EMA weights) · "
             f"device: {self.device}"
         )

@@ -10,15 +10,18 @@ from ddim.spec import SamplingSpec
 
 
 def cli_command(checkpoint: Path | None, verb: str, *arguments: str, spec: SamplingSpec | None = None,
-                spec_fields: Collection[str] = (), **options) -> str:
+                spec_fields: Collection[str] = (), pretrained: str | None = None, **options) -> str:
     """``ddim <verb> <arguments> --checkpoint ... --<option> <value> ...`` then the spec's ``spec_fields``.
 
+    A bundled model is named as ``--pretrained NAME`` instead of its checkpoint's
+    path, which lies inside the installed package and differs between machines.
     Uploads are named as the user named them. Only the spec fields the page set
     are written (the interpolate and reconstruct commands take no ``--sampler``).
     An option whose value is a list is repeated (``--class a --class b``); one
     that is None is left out.
     """
-    parts = ["ddim", verb, *arguments, "--checkpoint", str(checkpoint)]
+    source = ["--pretrained", pretrained] if pretrained else ["--checkpoint", str(checkpoint)]
+    parts = ["ddim", verb, *arguments, *source]
     for name, value in options.items():
         for item in value if isinstance(value, (list, tuple)) else [] if value is None else [value]:
             parts += [f"--{name.replace('_', '-')}", str(item)]

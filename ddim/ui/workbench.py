@@ -327,8 +327,8 @@ class Workbench:
         return self.device.run(shape, description, status, work)
 
     def command(self, verb: str, *arguments: str, **options) -> str:
-        """The ``ddim`` command that does the same on this checkpoint (see :func:`ddim.ui.command.cli_command`)."""
-        return cli_command(self.card.checkpoint, verb, *arguments, **options)
+        """The ``ddim`` command that does the same on this model (see :func:`ddim.ui.command.cli_command`)."""
+        return cli_command(self.card.checkpoint, verb, *arguments, pretrained=self.card.pretrained, **options)
 
     def _interpolation_end(self, which: str, seed, upload: Upload | None) -> tuple[tuple[str, Any], str]:
         """An end of the Interpolate page, ``(("seed", seed) or ("image", pixels)), its label in the command)``."""
