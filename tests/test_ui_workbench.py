@@ -239,7 +239,7 @@ def test_the_command_writes_the_spec_fields_the_page_set():
 class RecordingPipeline:
     """A stand-in pipeline recording what each verb gets (no model, no compiling); with ``classes``, conditional."""
 
-    path, step = None, None
+    path, step, pretrained = None, None, None
 
     def __init__(self, classes=(), counts=None):
         from types import SimpleNamespace

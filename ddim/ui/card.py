@@ -40,7 +40,7 @@ class ModelCard:
             parameters=parameters,
             device=describe_devices(jax.devices()),
             classes=len(pipeline.classes),
-            pretrained=getattr(pipeline, "pretrained", None),
+            pretrained=pipeline.pretrained,
         )
 
     def markdown(self) -> str:
