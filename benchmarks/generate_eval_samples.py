@@ -2,11 +2,13 @@
 
 A GPU machine may lack TensorFlow or the FID Inception's weights. This makes there exactly the images
 `ddim eval --num N --steps S --seed SEED --batch-size B` generates (batch i is ``generate(B, batch_seed(SEED, i))``
-with the classes drawn from that seed as the training data has them, DDIM on the uniform grid, eta 0, guidance 1)
+with the classes drawn from that seed as the training data has them, DDIM on the uniform grid, eta 0, guidance 1
+or ``--guidance``, as ``ddim eval --guidance``)
 and saves them with their asked class ids in chunks (``samples-0.npz``, ...: ``images`` uint8 NHWC, ``classes``
 int); `benchmarks/fid_of_samples.py` scores them where the weights are, as `ddim eval` would.
 
 Run:  python benchmarks/generate_eval_samples.py RUN_OR_CHECKPOINT --num 5000 --out DIR [--steps 20] [--chunk 1250]
+          [--guidance 2]
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--steps", type=int, default=20, help="sampling steps (ddim eval's --steps)")
     parser.add_argument("--seed", type=int, default=0, help="ddim eval's --seed")
     parser.add_argument("--batch-size", type=int, default=64, help="ddim eval's --batch-size (the seeds are per batch)")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="classifier-free guidance scale (ddim eval's --guidance; default: none, i.e. 1)")
     parser.add_argument("--chunk", type=int, default=1250, help="images per .npz file (keeps files small to move)")
     args = parser.parse_args(argv)
 
@@ -37,7 +41,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     from ddim.spec import SamplingSpec
 
     pipe = ddim.load(args.checkpoint)
-    spec = SamplingSpec(steps=args.steps)
+    spec = SamplingSpec(steps=args.steps, guidance=args.guidance)
     images, classes, started = [], [], time.perf_counter()
     for index, first in enumerate(range(0, args.num, args.batch_size)):
         count = min(args.batch_size, args.num - first)

@@ -7,6 +7,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl grain array-record portpicker
 #   (both folders listed in .git/info/exclude, carried with the call)
 # Run there:  TRAIN_END=340 BENCH_END=500 bash benchmarks/gpu_session.sh      (carry .whl and .gpu)
+#             STEPS=25550 skips the first bench and trains a schedule of that many steps (BENCH_END=0: no last benches)
 # Back here:  $OUT holds ckpt-STEP.tar.partNN (cat them | tar x -C RUN), samples-N.npz (score them with
 #             benchmarks/fid_of_samples.py) and logs.tgz (the bench JSONs and the training log).
 # To continue a run, untar the parts into .gpu/run-in/ and set RESUME=.gpu/run-in: the same command resumes it.
@@ -25,6 +26,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/logs/gpu.txt"
 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
 
+if [ -z "$STEPS" ]; then
 echo "[$(el)s] bench flowers64-fast b64 float32 (the training config, with its input pipeline)"
 python3 benchmarks/bench.py "${TRAIN[@]}" --set train.max_steps=1000 --skip-cli $BW --input-batches 100 \
   --out "$OUT/logs/bench-fast-b64-fp32.json" > "$OUT/logs/bench-fast.log" 2>&1
@@ -32,9 +34,10 @@ STEP_S=$(python3 -c "import json; print(json.load(open('$OUT/logs/bench-fast-b64
   2>/dev/null || echo 0.05)
 # The cosine schedule's length: what fits before the deadline (15% for evaluation, checkpoints and compiling).
 STEPS=$(python3 -c "print(min($STEPS_CAP, max(200, int(($TRAIN_END - $(el) - 45) / ($STEP_S * 1.15)))))")
+fi
 [ -n "$RESUME" ] && STEPS=$(python3 -c "import json; print(json.load(open('$WD/steps.json')))")
 echo "$STEPS" > /tmp/steps.json
-echo "[$(el)s] step ${STEP_S}s -> a schedule of $STEPS steps"
+echo "[$(el)s] a schedule of $STEPS steps"
 # Past the deadline, SIGINT: the loop saves a checkpoint and stops (the same command resumes it).
 timeout -s INT -k 40 $(( TRAIN_END - $(el) )) python3 -m ddim.cli train "${TRAIN[@]}" --set train.max_steps=$STEPS \
   --set train.eval_every=5 --set train.checkpoint_every=2000 --set train.log_every=250 --workdir "$WD" \
