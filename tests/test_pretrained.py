@@ -352,3 +352,13 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
     size = manifest.config.model.image_size
     assert images.shape == (2, size, size, manifest.config.model.channels) and images.dtype == np.uint8
     assert images.std() > 0
+
+
+def test_sample_of_a_bundled_class_model_tips_the_guidance_that_scored_best(tmp_path):
+    result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "a", "--no-grid")
+    assert result.exit_code == 0, result.output
+    assert "tip: on the bundled flowers32, --guidance 2 scored a better FID" in result.output
+    result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "b",
+                    "--no-grid", "--guidance", 2)
+    assert result.exit_code == 0, result.output
+    assert "tip:" not in result.output

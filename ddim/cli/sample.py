@@ -19,6 +19,7 @@ from ddim.cli.app import (
     describe_source,
     eta_option,
     guidance_option,
+    guidance_tip,
     overwrite_option,
     pretrained_option,
     progress_bar,
@@ -81,9 +82,9 @@ def sample(
             typer.echo(describe_classes(pipe))
             return
         ids = pipe.class_ids(classes or None, num, seed) if pipe.classes or classes else None
-        tip = sampler_tip(steps, sampler, spacing)
-        if tip:
-            typer.echo(tip, err=True)
+        for tip in (sampler_tip(steps, sampler, spacing), guidance_tip(pipe.pretrained, bool(pipe.classes), guidance)):
+            if tip:
+                typer.echo(tip, err=True)
         with progress_bar(num, "sample") as on_batch:
             extras = sample_to_folder(pipe, out, num, spec, seed=seed, batch_size=batch_size, grid=grid,
                                       trajectory=trajectory, overwrite=overwrite, on_batch=on_batch, classes=ids)
