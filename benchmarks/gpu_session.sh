@@ -11,8 +11,8 @@
 # Back here:  $OUT holds ckpt-STEP.tar.partNN (cat them | tar x -C RUN), samples-N.npz (score them with
 #             benchmarks/fid_of_samples.py) and logs.tgz (the bench JSONs and the training log).
 # To continue a run, untar the parts into .gpu/run-in/ and set RESUME=.gpu/run-in: the same command resumes it.
-# The config trains by class with model.class_embedding = "adm"; the bundled flowers64 run predates
-# it, so a checkpoint of that run resumes only with EXTRA="--set model.class_embedding=noise-features".
+# The config trains by class with model.class_embedding = "adm", as the bundled flowers64 (2026-11-26) did; a
+# checkpoint of the first GPU run predates it and resumes only with EXTRA="--set model.class_embedding=noise-features".
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site DDIM_COMPILATION_CACHE=off
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 TRAIN_END=${TRAIN_END:-360}; BENCH_END=${BENCH_END:-540}; NSAMP=${NSAMP:-5000}; WD=${WD:-/tmp/flowers64}
