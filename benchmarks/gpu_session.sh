@@ -7,7 +7,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl grain array-record portpicker
 #   (both folders listed in .git/info/exclude, carried with the call)
 # Run there:  TRAIN_END=340 BENCH_END=500 bash benchmarks/gpu_session.sh      (carry .whl and .gpu)
-#             STEPS=25550 skips the first bench and trains a schedule of that many steps (BENCH_END=0: no last benches)
+#             STEPS=N skips the first bench and sets train.max_steps=N (the config's epochs still cap it; BENCH_END=0: no last benches)
 # Back here:  $OUT holds ckpt-STEP.tar.partNN (cat them | tar x -C RUN), samples-N.npz (score them with
 #             benchmarks/fid_of_samples.py) and logs.tgz (the bench JSONs and the training log).
 # To continue a run, untar the parts into .gpu/run-in/ and set RESUME=.gpu/run-in: the same command resumes it.
