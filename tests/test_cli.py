@@ -151,12 +151,14 @@ def test_sample_tip_follows_fid_not_the_distance_to_the_ode_solution():
 
 
 def test_guidance_tip_only_for_bundled_class_conditional_models_at_the_default_scale():
-    from ddim.cli.app import BUNDLED_BEST_GUIDANCE, guidance_tip
+    from ddim.cli.app import guidance_tip
+    from ddim.pretrained.registry import BEST_GUIDANCE
 
     assert "--guidance 2 scored a better FID" in guidance_tip("flowers64", True, None)
     assert guidance_tip("flowers64", True, 1.0) is None  # a scale the user chose, even the default's
-    assert guidance_tip("flowers64", True, BUNDLED_BEST_GUIDANCE) is None
+    assert guidance_tip("flowers64", True, BEST_GUIDANCE["flowers64"]) is None
     assert guidance_tip(None, True, None) is None  # a user's run: its best scale is not measured
+    assert guidance_tip("my-model", True, None) is None  # a model in $DDIM_PRETRAINED_DIR nobody measured here
     assert guidance_tip("unconditional", False, None) is None
 
 

@@ -354,6 +354,13 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
     assert images.std() > 0
 
 
+def test_every_measured_best_guidance_names_a_bundled_class_conditional_model():
+    from ddim.pretrained.registry import BEST_GUIDANCE
+
+    for name, scale in BEST_GUIDANCE.items():  # a model replaced or removed must not keep its old advice silently
+        assert find(name, PACKAGE_ROOT).config.model.class_conditional and scale >= 0
+
+
 def test_sample_of_a_bundled_class_model_tips_the_guidance_that_scored_best(tmp_path):
     result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "a", "--no-grid")
     assert result.exit_code == 0, result.output

@@ -166,6 +166,25 @@ def test_the_page_has_a_searchable_class_picker_and_a_guidance_slider_on_every_g
     assert "reconstruct-class" not in pickers  # inversion and decoding take no class
 
 
+def test_the_guidance_slider_names_the_measured_best_scale_of_a_bundled_model_only():
+    from tests.ui_harness import require_ui
+
+    require_ui()
+    import gradio as gr
+
+    from ddim.pretrained.registry import BEST_GUIDANCE
+    from ddim.ui.controls import GUIDANCE_INFO
+    from ddim.ui.page import build_page
+
+    pipeline, bench = stub_bench()
+    assert components(build_page(bench), gr.Slider)["sample-guidance"].info == GUIDANCE_INFO  # a run: unmeasured
+    pipeline.pretrained = "flowers64"
+    bench = Workbench(pipeline, Limits(max_images=6, max_steps=8))
+    slider = components(build_page(bench), gr.Slider)["sample-guidance"]
+    assert slider.value == 1  # it starts where `ddim sample` does; the advice is words, as the CLI's tip
+    assert slider.info.endswith(f"; on flowers64, {BEST_GUIDANCE['flowers64']:g} scored the best FID")
+
+
 def test_an_unconditional_page_has_no_picker_and_an_unchanged_api():
     from tests.ui_harness import require_ui
 

@@ -104,17 +104,15 @@ def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
             "20 steps, though it is farther from the converged ODE solution (docs/sampling.md)")
 
 
-# What the FID of samples measured on the bundled class-conditional models (docs/classes.md, 1,000 samples,
-# 20 steps): guidance 2 beat the default 1 on both (flowers64: 39.2 against 50.0, and the asked class in 80 %
-# of the images against 40 %; flowers32: 45.4 against 46.4). Other models are not measured, so no tip for them.
-BUNDLED_BEST_GUIDANCE = 2.0
-
-
 def guidance_tip(pretrained: str | None, class_conditional: bool, guidance: Optional[float]) -> str | None:
-    """A one-line hint when a bundled class-conditional model is sampled at the default guidance."""
-    if pretrained is None or not class_conditional or guidance is not None:
+    """A one-line hint when a bundled class-conditional model whose best guidance scale was measured
+    (:data:`ddim.pretrained.registry.BEST_GUIDANCE`) is sampled at the default guidance."""
+    from ddim.pretrained.registry import best_guidance
+
+    best = best_guidance(pretrained)
+    if best is None or not class_conditional or guidance is not None:
         return None
-    return (f"tip: on the bundled {pretrained}, --guidance {BUNDLED_BEST_GUIDANCE:g} scored a better FID than the "
+    return (f"tip: on the bundled {pretrained}, --guidance {best:g} scored a better FID than the "
             "default 1 and shows the asked class more often (docs/classes.md)")
 
 

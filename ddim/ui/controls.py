@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ddim.pretrained.registry import best_guidance
 from ddim.spec import SAMPLERS, SPACINGS, SamplingSpec
 from ddim.ui.checks import ANY_CLASS, MAX_ETA, MAX_SEED
 from ddim.ui.workbench import Workbench
@@ -55,9 +56,18 @@ def class_controls(workbench: Workbench, tab: str, pickers=(("class", "class"),)
     with gr.Row():
         controls = [gr.Dropdown(choices, value=ANY_CLASS, filterable=True, label=label, info=info,
                                 elem_id=f"{tab}-{suffix}") for suffix, label in pickers]
-    guidance = gr.Slider(0, MAX_GUIDANCE_SHOWN, value=1, step=0.25, label="guidance scale", info=GUIDANCE_INFO,
-                         elem_id=f"{tab}-guidance")
+    guidance = gr.Slider(0, MAX_GUIDANCE_SHOWN, value=1, step=0.25, label="guidance scale",
+                         info=guidance_info(workbench.card.pretrained), elem_id=f"{tab}-guidance")
     return [*controls, guidance]
+
+
+def guidance_info(pretrained: str | None) -> str:
+    """The slider's help line; on a bundled model whose best scale was measured, it names that scale.
+
+    The slider still starts at 1, as ``ddim sample`` without ``--guidance`` (which prints the same advice as a tip).
+    """
+    best = best_guidance(pretrained)
+    return GUIDANCE_INFO if best is None else f"{GUIDANCE_INFO}; on {pretrained}, {best:g} scored the best FID"
 
 
 def seed_field(tab: str, label: str = "seed"):
