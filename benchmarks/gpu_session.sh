@@ -7,6 +7,9 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl grain array-record portpicker
 #   (both folders listed in .git/info/exclude, carried with the call)
 # Run there:  TRAIN_END=340 BENCH_END=500 bash benchmarks/gpu_session.sh      (carry .whl and .gpu)
+#             CONFIG= and DATA= train another config, e.g. the 32x32 bundle's recipe for longer (its folder: 14 MB):
+#             CONFIG=configs/flowers32.toml DATA=.gpu/flowers32 EXTRA="--set train.num_epochs=60" STEPS=30660 \
+#               TRAIN_END=480 BENCH_END=0 NSAMP=1000 bash benchmarks/gpu_session.sh
 #             STEPS=N skips the first bench and sets train.max_steps=N (the config's epochs still cap it; BENCH_END=0: no last benches)
 # Back here:  $OUT holds ckpt-STEP.tar.partNN (cat them | tar x -C RUN), samples-N.npz (score them with
 #             benchmarks/fid_of_samples.py) and logs.tgz (the bench JSONs and the training log).
@@ -15,9 +18,9 @@
 # checkpoint of the first GPU run predates it and resumes only with EXTRA="--set model.class_embedding=noise-features".
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site DDIM_COMPILATION_CACHE=off
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-TRAIN_END=${TRAIN_END:-360}; BENCH_END=${BENCH_END:-540}; NSAMP=${NSAMP:-5000}; WD=${WD:-/tmp/flowers64}
-DATA=${DATA:-.gpu/flowers64}; STEPS_CAP=${STEPS_CAP:-25550}; BW=${BW:-"--windows 3 --window-steps 10 --sample-repeats 2"}
-TRAIN=(--config configs/flowers64-fast.toml --data "$DATA" --set model.class_conditional=true $EXTRA)
+TRAIN_END=${TRAIN_END:-360}; BENCH_END=${BENCH_END:-540}; NSAMP=${NSAMP:-5000}; WD=${WD:-/tmp/run}
+CONFIG=${CONFIG:-configs/flowers64-fast.toml}; DATA=${DATA:-.gpu/flowers64}; STEPS_CAP=${STEPS_CAP:-25550}; BW=${BW:-"--windows 3 --window-steps 10 --sample-repeats 2"}
+TRAIN=(--config "$CONFIG" --data "$DATA" --set model.class_conditional=true $EXTRA)
 mkdir -p "$OUT/logs"
 if [ -d .whl ] && [ -z "$SKIPWHL" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -27,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
 
 if [ -z "$STEPS" ]; then
-echo "[$(el)s] bench flowers64-fast b64 float32 (the training config, with its input pipeline)"
+echo "[$(el)s] bench $CONFIG b64 float32 (the training config, with its input pipeline)"
 python3 benchmarks/bench.py "${TRAIN[@]}" --set train.max_steps=1000 --skip-cli $BW --input-batches 100 \
   --out "$OUT/logs/bench-fast-b64-fp32.json" > "$OUT/logs/bench-fast.log" 2>&1
 STEP_S=$(python3 -c "import json; print(json.load(open('$OUT/logs/bench-fast-b64-fp32.json'))['train_seconds_per_step'])" \
