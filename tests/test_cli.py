@@ -45,7 +45,10 @@ def test_train_then_sample_end_to_end(tmp_path):
     result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--batch-size", 2, "--out", out)
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["0000.png", "0001.png", "0002.png", "grid.png"]
-    assert "tip:" not in result.output  # the default grid is the one that scored the best FID
+    # With this few steps dpmpp-2m on the log-SNR grid scored the best FID; the command says so in one line.
+    assert [line for line in result.output.splitlines() if line.startswith("tip:")] == [
+        "tip: with 10 steps or fewer, --sampler dpmpp-2m --spacing logsnr scored the best FID of samples on the "
+        "bundled flowers32 (5 steps: 48.5 against 56.4 for ddim/uniform; docs/sampling.md)"]
     # Running again into the same directory must not overwrite without --overwrite ...
     before = (out / "0000.png").read_bytes()
     result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--out", out)
@@ -146,8 +149,13 @@ def test_sample_tip_follows_fid_not_the_distance_to_the_ode_solution():
     assert FID_BEST_SPACING in SPACING_NAMES
     assert sampler_tip(20, "ddim", "uniform") is None  # the default scored the best FID
     assert sampler_tip(20, "dpmpp-2m", "uniform") is None
-    assert "--spacing uniform scored better than the logsnr grid" in sampler_tip(10, "dpmpp-2m", "logsnr")
+    assert "--spacing uniform never scored worse than the logsnr grid" in sampler_tip(20, "dpmpp-2m", "logsnr")
+    assert "--spacing uniform never scored worse than the karras grid" in sampler_tip(12, "ddim", "karras")
     assert sampler_tip(100, "ddim", "logsnr") is None  # at many steps every choice converges
+    # With few steps the log-SNR grid scored best (with dpmpp-2m): the advice turns round.
+    assert sampler_tip(10, "dpmpp-2m", "logsnr") is None and sampler_tip(5, "dpmpp-2m", "logsnr") is None
+    for sampler, spacing in (("ddim", "uniform"), ("dpmpp-2m", "uniform"), ("ddim", "logsnr"), ("dpmpp-3m", "karras")):
+        assert "--sampler dpmpp-2m --spacing logsnr scored the best FID" in sampler_tip(5, sampler, spacing)
 
 
 def test_guidance_tip_only_for_bundled_class_conditional_models_at_the_default_scale():

@@ -87,21 +87,37 @@ SAMPLER_HELP = (
     + "; ".join(f"{name} ({kind.summary})" for name, kind in SAMPLERS.items())
     + ". See the user guide, 'Sampling and samplers', for which to use."
 )
-SPACING_HELP = "Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items()) + "."
-# What the FID of samples measured (docs/sampling.md): at 20 steps the uniform grid scored better than the
-# log-SNR grid (Keras recipe at 1,000 steps: 92.6 vs 111.6; the first bundled flowers32, step 2,000: 65.7 vs
-# 68.8), although the log-SNR grid is several times closer to the converged ODE solution. Closeness to that
-# solution is not sample quality, so the advice follows FID.
+# What the FID of samples measured (docs/sampling.md, "Sampler quality by FID"; 1,000 samples each):
+# - at 20 steps the uniform grid never scored worse than the log-SNR or Karras grid, and far better on briefly
+#   trained models (Keras recipe at 1,000 steps: 92.6 vs 111.6; the first bundled flowers32, step 2,000: 65.7 vs
+#   68.8), although the log-SNR grid is several times closer to the converged ODE solution; on the long-trained
+#   bundles the grids are level (flowers32: 46.4 vs 46.8 and 46.9; flowers64: 50.0 vs 50.6);
+# - with 10 steps or fewer, on the bundled flowers32 (step 9,000), dpmpp-2m on the log-SNR grid scored best
+#   (5 steps: 48.5, against 53.0 on the uniform grid and 56.4 for ddim; 10 steps: 46.8, 47.2 and 48.7).
+# Closeness to the converged ODE solution is not sample quality, so the advice follows FID.
 FID_BEST_SPACING = "uniform"
+FEW_STEPS = 10  # at most this many steps, FEW_STEPS_BEST scored best (measured at 5 and 10)
+FEW_STEPS_BEST = ("dpmpp-2m", "logsnr")
 TIP_BELOW_STEPS = 50  # where the grids were compared; with many steps every grid converges
+SPACING_HELP = ("Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items())
+                + f". By the FID of samples: {FID_BEST_SPACING} at 20 steps; with {FEW_STEPS} steps or fewer, "
+                f"--sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]}.")
 
 
 def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
-    """A one-line hint when a spacing that scored a worse FID than the default grid is chosen for few steps."""
+    """A one-line hint when the sampler and grid chosen for this many steps are not those that scored the best
+    FID: with few steps, dpmpp-2m on the log-SNR grid; from there to 50 steps, the uniform grid."""
+    if steps <= FEW_STEPS:
+        if (sampler, spacing) == FEW_STEPS_BEST:
+            return None
+        return (f"tip: with {FEW_STEPS} steps or fewer, --sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]} "
+                "scored the best FID of samples on the bundled flowers32 (5 steps: 48.5 against 56.4 for "
+                "ddim/uniform; docs/sampling.md)")
     if spacing == FID_BEST_SPACING or steps >= TIP_BELOW_STEPS:
         return None
-    return (f"tip: by the FID of samples, --spacing {FID_BEST_SPACING} scored better than the {spacing} grid at "
-            "20 steps, though it is farther from the converged ODE solution (docs/sampling.md)")
+    return (f"tip: by the FID of samples, --spacing {FID_BEST_SPACING} never scored worse than the {spacing} grid at "
+            "20 steps (far better on briefly trained models), though it is farther from the converged ODE solution "
+            "(docs/sampling.md)")
 
 
 def guidance_tip(pretrained: str | None, class_conditional: bool, guidance: Optional[float]) -> str | None:
