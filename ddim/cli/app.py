@@ -14,7 +14,8 @@ from typing import Iterator, Optional
 
 import typer
 
-from ddim.spec import DEFAULT_STEPS, SAMPLERS, SPACINGS, SamplingSpec, SpecError
+from ddim.spec import (DEFAULT_STEPS, FEW_STEPS, FEW_STEPS_BEST, FID_BEST_SPACING, SAMPLERS, SPACINGS, SamplingSpec,
+                       SpecError)
 
 app = typer.Typer(
     add_completion=False,
@@ -87,17 +88,6 @@ SAMPLER_HELP = (
     + "; ".join(f"{name} ({kind.summary})" for name, kind in SAMPLERS.items())
     + ". See the user guide, 'Sampling and samplers', for which to use."
 )
-# What the FID of samples measured (docs/sampling.md, "Sampler quality by FID"; 1,000 samples each):
-# - at 20 steps the uniform grid never scored worse than the log-SNR or Karras grid, and far better on briefly
-#   trained models (Keras recipe at 1,000 steps: 92.6 vs 111.6; the first bundled flowers32, step 2,000: 65.7 vs
-#   68.8), although the log-SNR grid is several times closer to the converged ODE solution; on the long-trained
-#   bundles the grids are level (flowers32: 46.4 vs 46.8 and 46.9; flowers64: 50.0 vs 50.6);
-# - with 10 steps or fewer, on the bundled flowers32 (step 9,000), dpmpp-2m on the log-SNR grid scored best
-#   (5 steps: 48.5, against 53.0 on the uniform grid and 56.4 for ddim; 10 steps: 46.8, 47.2 and 48.7).
-# Closeness to the converged ODE solution is not sample quality, so the advice follows FID.
-FID_BEST_SPACING = "uniform"
-FEW_STEPS = 10  # at most this many steps, FEW_STEPS_BEST scored best (measured at 5 and 10)
-FEW_STEPS_BEST = ("dpmpp-2m", "logsnr")
 TIP_BELOW_STEPS = 50  # where the grids were compared; with many steps every grid converges
 SPACING_HELP = ("Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items())
                 + f". By the FID of samples: {FID_BEST_SPACING} at 20 steps; with {FEW_STEPS} steps or fewer, "

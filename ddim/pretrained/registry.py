@@ -77,7 +77,7 @@ def default_model(root: str | os.PathLike | None = None) -> Manifest | None:
 
 def best_guidance(name: str | None) -> float | None:
     """The measured best guidance scale of the bundled model ``name`` (:data:`BEST_GUIDANCE`), else None."""
-    return BEST_GUIDANCE.get(name) if name is not None else None
+    return BEST_GUIDANCE.get(name)
 
 
 def pretrained_name(source: Any) -> str | None:

@@ -8,19 +8,17 @@ from __future__ import annotations
 import gradio as gr
 
 from ddim.pretrained.registry import best_guidance
-from ddim.spec import SAMPLERS, SPACINGS, SamplingSpec
+from ddim.spec import FEW_STEPS, FEW_STEPS_BEST, FID_BEST_SPACING, SAMPLERS, SPACINGS, SamplingSpec
 from ddim.ui.checks import ANY_CLASS, MAX_ETA, MAX_SEED
 from ddim.ui.workbench import Workbench
 
 # The controls start at the spec's defaults, as `ddim sample` without options.
 DEFAULTS = SamplingSpec()
-# The advice follows the FID of samples (docs/sampling.md, "Sampler quality by FID"; the CLI's tip says the same),
-# not closeness to the converged ODE solution: at 20 steps the solvers and grids were level on the long-trained
-# bundles and the uniform grid never worse; with 5-10 steps dpmpp-2m on the log-SNR grid scored best (flowers32,
-# 5 steps: 48.5 against 56.4 for ddim/uniform).
-SAMPLER_INFO = "by the FID of samples: level at 20 steps; with 10 or fewer, dpmpp-2m (on the logsnr grid) scores best"
-SPACING_INFO = "the time grid: uniform in t (DDIM's; never worse by FID at 20 steps), in log-SNR (best at 5-10 " \
-               "steps with dpmpp-2m), or Karras'"
+# The advice follows the FID of samples, as the CLI's tip does (ddim.spec, FID_BEST_SPACING and FEW_STEPS_BEST).
+SAMPLER_INFO = (f"by the FID of samples: level at 20 steps; with {FEW_STEPS} or fewer, {FEW_STEPS_BEST[0]} "
+                f"(on the {FEW_STEPS_BEST[1]} grid) scores best")
+SPACING_INFO = (f"the time grid: {FID_BEST_SPACING} in t (DDIM's; never worse by FID at 20 steps), in log-SNR (best "
+                f"at 5-{FEW_STEPS} steps with {FEW_STEPS_BEST[0]}), or Karras'")
 # The guidance slider's range (the scale itself may be any number >= 0, as `ddim sample --guidance`).
 MAX_GUIDANCE_SHOWN = 8.0
 GUIDANCE_INFO = "classifier-free guidance: 1 is plain conditional sampling, 0 ignores the class, above 1 more like it"
