@@ -70,7 +70,9 @@ def real_data_dir() -> Path | None:
     """The prepared oxford_flowers102 copy beside the project (or in $TFDS_DATA_DIR), if any."""
     for candidate in (os.environ.get("TFDS_DATA_DIR"), REAL_TFDS):
         if candidate and (Path(candidate) / "oxford_flowers102").is_dir():
-            return Path(candidate)
+            # Absolute: a relative $TFDS_DATA_DIR (../shared/tfds) would not resolve from the symlinks and work
+            # directories that tests make under tmp_path.
+            return Path(candidate).resolve()
     return None
 
 
