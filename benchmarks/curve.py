@@ -139,6 +139,8 @@ def plot(args) -> None:
         axes.axhline(float(value), color="grey", linestyle="--", linewidth=1)
         axes.annotate(label, (0.01, float(value)), xycoords=("axes fraction", "data"), va="bottom", fontsize=8,
                       color="grey")
+    if args.log_steps:  # runs of 10x different lengths on one axis: a short run's curve keeps its shape
+        axes.set_xscale("log")
     axes.set_xlabel("training steps (batch 64)")
     axes.set_ylabel("FID (1,000 samples, 20 DDIM steps)")
     axes.set_title(args.title)
@@ -168,6 +170,7 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     plotting.add_argument("--title", default="FID at 32x32 against all 8,189 Oxford Flowers images")
     plotting.add_argument("--hline", nargs=2, action="append", metavar=("FID", "LABEL"),
                           help="A dashed reference line (repeatable), e.g. the floor of `floor`.")
+    plotting.add_argument("--log-steps", action="store_true", help="A logarithmic step axis.")
     flooring = commands.add_parser("floor", help="The FID of --num real images against all of them.")
     flooring.add_argument("--reference", type=Path, required=True,
                           help="A real-feature cache file of ddim eval (<eval-root>/eval_cache/real_*.npz).")

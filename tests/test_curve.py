@@ -59,6 +59,10 @@ def test_curve_scores_each_checkpoint_once_gives_the_real_floor_and_plots(condit
                 "--hline", "17.1", "floor"])
     with Image.open(picture) as image:
         assert image.format == "PNG" and image.size[0] > 300
+    log_picture = tmp_path / "docs" / "curve-log.png"
+    curve.main(["plot", "--csv", str(other), "other", "--out", str(log_picture), "--log-steps"])
+    curve.main(["plot", "--csv", str(other), "other", "--out", str(picture)])
+    assert log_picture.read_bytes() != picture.read_bytes()  # the step axis is drawn another way
     empty = tmp_path / "results" / "empty.csv"
     empty.write_text("step,fid\n")
     with pytest.raises(SystemExit, match="^error: no rows in"):
