@@ -10,10 +10,13 @@
 #             CONFIG= and DATA= train another config, e.g. the 32x32 bundle's recipe for longer (its folder: 14 MB):
 #             CONFIG=configs/flowers32.toml DATA=.gpu/flowers32 EXTRA="--set train.num_epochs=60" STEPS=30660 \
 #               TRAIN_END=480 BENCH_END=0 NSAMP=1000 bash benchmarks/gpu_session.sh
+#             (the bundled flowers32 is this with num_epochs=120 STEPS=61200 TRAIN_END=450, then resumed: docs/training.md)
 #             STEPS=N skips the first bench and sets train.max_steps=N (the config's epochs still cap it; BENCH_END=0: no last benches)
 # Back here:  $OUT holds ckpt-STEP.tar.partNN (cat them | tar x -C RUN), samples-N.npz (score them with
 #             benchmarks/fid_of_samples.py) and logs.tgz (the bench JSONs and the training log).
 # To continue a run, untar the parts into .gpu/run-in/ and set RESUME=.gpu/run-in: the same command resumes it.
+#             (a call carries at most 64 MiB in: with a 32x32 checkpoint (33 MB), its folder and the wheels, the
+#             bundled weights (ddim/pretrained/*/weights.safetensors, 18 MB) were moved out of the tree for the call)
 # The config trains by class with model.class_embedding = "adm", as the bundled flowers64 (2026-11-26) did; a
 # checkpoint of the first GPU run predates it and resumes only with EXTRA="--set model.class_embedding=noise-features".
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:/tmp/site DDIM_COMPILATION_CACHE=off

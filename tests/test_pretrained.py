@@ -355,17 +355,20 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
 
 
 def test_every_measured_best_guidance_names_a_bundled_class_conditional_model():
-    from ddim.pretrained.registry import BEST_GUIDANCE
+    from ddim.pretrained.registry import BEST_GUIDANCE, BEST_GUIDANCE_MEASURED_ON
 
+    assert BEST_GUIDANCE.keys() == BEST_GUIDANCE_MEASURED_ON.keys()
     for name, scale in BEST_GUIDANCE.items():  # a model replaced or removed must not keep its old advice silently
-        assert find(name, PACKAGE_ROOT).config.model.class_conditional and scale >= 0
+        manifest = find(name, PACKAGE_ROOT)
+        assert manifest.config.model.class_conditional and scale >= 0
+        assert manifest.sha256.startswith(BEST_GUIDANCE_MEASURED_ON[name]), f"measure {name}'s best guidance again"
 
 
 def test_sample_of_a_bundled_class_model_tips_the_guidance_that_scored_best(tmp_path):
     result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "a", "--no-grid")
     assert result.exit_code == 0, result.output
-    assert "tip: on the bundled flowers32, --guidance 2 scored a better FID" in result.output
+    assert "tip: on the bundled flowers32, --guidance 1.5 scored a better FID" in result.output
     result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "b",
-                    "--no-grid", "--guidance", 2)
+                    "--no-grid", "--guidance", 1.5)
     assert result.exit_code == 0, result.output
     assert "tip: on the bundled" not in result.output  # the guidance was chosen (the one-step tip is the sampler's)

@@ -19,16 +19,20 @@ from ddim.pretrained.errors import PretrainedError
 
 PREFIX = "pretrained:"
 PREFERRED_DEFAULT = "flowers64"
-"""The default model when it is bundled: the best one (64x64, FID 40.4 at 5,000 samples, 50.0 at 1,000;
-flowers32 scores 46.4 at 1,000 samples at 32x32), listed first."""
+"""The default model when it is bundled: the larger one (64x64: FID 40.4 at 5,000 samples, 50.0 at 1,000;
+flowers32 scores 19.6 and 32.2 against the 32x32 images, not comparable across sizes), listed first."""
 ENV = "DDIM_PRETRAINED_DIR"
 PACKAGE_ROOT = Path(__file__).parent
 """Where the package's own bundled models lie (``ddim/pretrained/<name>/``)."""
-BEST_GUIDANCE: dict[str, float] = {"flowers64": 2.0, "flowers32": 2.0}
+BEST_GUIDANCE: dict[str, float] = {"flowers64": 2.0, "flowers32": 1.5}
 """The guidance scale that scored the best FID on each bundled class-conditional model (docs/classes.md; 1,000
 samples, 20 ddim steps, against all Flowers images at the model's size): flowers64 39.2 at 2 against 50.0 at the
-default 1 (the asked class in 80 % of images against 40 %), flowers32 45.4 against 46.4. ``ddim sample`` tips it
-and the web page's slider names it; a model missing here (a run of your own) has no measured best scale."""
+default 1 (the asked class in 80 % of images against 40 %), flowers32 30.6 at 1.5 against 32.1 (80 % against
+62 %; 1.25 is level at 30.5, with 74 %). ``ddim sample`` tips it and the web page's slider names it; a model
+missing here (a run of your own) has no measured best scale."""
+BEST_GUIDANCE_MEASURED_ON: dict[str, str] = {"flowers64": "ed7a1e3b0a8be920", "flowers32": "a1d709f0be29b2c6"}
+"""The first 16 hex digits of the SHA-256 of the weights each :data:`BEST_GUIDANCE` scale was measured on: a
+bundle replaced without measuring its scale again fails the tests instead of keeping old advice."""
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 """A model's name: it is a directory and follows ``pretrained:``."""
 
