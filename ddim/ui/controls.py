@@ -17,7 +17,7 @@ DEFAULTS = SamplingSpec()
 # The advice follows the FID of samples, as the CLI's tip does (ddim.spec, FID_BEST_SPACING and FEW_STEPS_BEST).
 SAMPLER_INFO = (f"by the FID of samples: level at 20 steps; with {FEW_STEPS} or fewer, {FEW_STEPS_BEST[0]} "
                 f"(on the {FEW_STEPS_BEST[1]} grid) scores best")
-SPACING_INFO = (f"the time grid: {FID_BEST_SPACING} in t (DDIM's; never worse by FID at 20 steps), in log-SNR (best "
+SPACING_INFO = (f"the time grid: {FID_BEST_SPACING} in t (DDIM's; the safe one by FID at 20 steps), in log-SNR (best "
                 f"at 5-{FEW_STEPS} steps with {FEW_STEPS_BEST[0]}), or Karras'")
 # The guidance slider's range (the scale itself may be any number >= 0, as `ddim sample --guidance`).
 MAX_GUIDANCE_SHOWN = 8.0
