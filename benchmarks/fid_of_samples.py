@@ -54,6 +54,15 @@ def cached_generated_features(images: np.ndarray, extractor, cache: Path) -> np.
     return features
 
 
+def real_features(config, split: str, extractor, eval_cache: Path, data_cache) -> tuple[np.ndarray, np.ndarray]:
+    """The FID features and labels of ``config``'s real ``split``, cached in ``eval_cache`` as ``ddim eval`` does."""
+    from ddim.evaluation.reference import labelled_real_features
+
+    (features,), labels = labelled_real_features(config, split, None, [extractor], eval_cache, print, False,
+                                                 data_cache)
+    return features, labels
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("samples", nargs="+", help=".npz files with 'images' (uint8 NHWC) and 'classes'")
@@ -70,7 +79,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from ddim.data import cache_root
     from ddim.evaluation import class_consistency, metrics
     from ddim.evaluation.fid_inception import standard_factory
-    from ddim.evaluation.reference import labelled_real_features
     from ddim.workdir import Workdir
     from ddim.workdir.records import append_record
 
@@ -81,13 +89,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     extractor = standard_factory(None, 64, log=print)(299)
     data_cache = cache_root(config, args.out)
 
-    def real(split: str):
-        (features,), labels = labelled_real_features(config, split, None, [extractor], root.eval_cache, print,
-                                                     False, data_cache)
-        return features, labels
-
     images, asked = load_samples(args.samples)
-    real_all, _ = real(args.split)
+    real_all, _ = real_features(config, args.split, extractor, root.eval_cache, data_cache)
     started = time.perf_counter()
     features = cached_generated_features(images, extractor, root.eval_cache)
     print(f"featurised {len(images)} generated images in {time.perf_counter() - started:.0f}s")

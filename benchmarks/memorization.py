@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fid_of_samples import cached_generated_features, load_samples  # noqa: E402
+from fid_of_samples import cached_generated_features, load_samples, real_features  # noqa: E402
 
 
 def nearest_distances(features: np.ndarray, reference: np.ndarray, chunk: int = 1024) -> np.ndarray:
@@ -55,19 +55,22 @@ def compare(generated: np.ndarray, train: np.ndarray, held_out: np.ndarray, subs
         raise SystemExit(f"error: {len(train)} training images are too few for two subsets the size of the "
                          f"{size} held-out ones")
     rng = np.random.default_rng(seed)
+    # Each set's statistics once; FID is symmetric, and a training subset (fewer rows than feature dimensions,
+    # as a real split often is) against given statistics takes metrics' cheaper low-rank path.
+    generated_stats, held_out_stats = metrics.feature_stats(generated), metrics.feature_stats(held_out)
     fid_train, ratios, closer_to_train, real_train = [], [], [], []
     to_held_out = nearest_distances(generated, held_out)
     for _ in range(subsets):
         order = rng.permutation(len(train))
         first, second = train[order[:size]], train[order[size:2 * size]]
-        fid_train.append(metrics.fid(generated, first))
+        fid_train.append(metrics.fid_from_features_and_stats(first, *generated_stats))
         to_train = nearest_distances(generated, first)
         ratios.append(float(np.median(to_train / np.maximum(to_held_out, 1e-12))))
         closer_to_train.append(float(np.mean(to_train < to_held_out)))
-        real_train.append((metrics.fid(first, second), metrics.fid(first, held_out)))
+        real_train.append((metrics.fid(first, second), metrics.fid_from_features_and_stats(first, *held_out_stats)))
     return {
         "num": len(generated), "set_size": size, "subsets": subsets,
-        "fid_held_out": metrics.fid(generated, held_out),
+        "fid_held_out": metrics.fid_from_features_and_stats(held_out, *generated_stats),
         "fid_train": float(np.mean(fid_train)), "fid_train_spread": float(np.ptp(fid_train)),
         "median_distance_ratio": float(np.mean(ratios)), "share_closer_to_train": float(np.mean(closer_to_train)),
         "real_fid_train_vs_train": float(np.mean([pair[0] for pair in real_train])),
@@ -89,7 +92,6 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> dict:
     import ddim
     from ddim.data import cache_root
     from ddim.evaluation.fid_inception import standard_factory
-    from ddim.evaluation.reference import labelled_real_features
     from ddim.workdir import Workdir
     from ddim.workdir.records import append_record
 
@@ -101,15 +103,11 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> dict:
     extractor = factory(299)
     data_cache = cache_root(config, args.out)
 
-    def real(split: str) -> np.ndarray:
-        (features,), _ = labelled_real_features(config, split, None, [extractor], root.eval_cache, print, False,
-                                                data_cache)
-        return features
-
     images, _ = load_samples(args.samples)
     generated = cached_generated_features(images[:args.num], extractor, root.eval_cache)
     record = {"checkpoint": str(Path(args.checkpoint).resolve()), "step": pipe.step,
-              **compare(generated, real("train"), real("val"), args.subsets),
+              **compare(generated, real_features(config, "train", extractor, root.eval_cache, data_cache)[0],
+                        real_features(config, "val", extractor, root.eval_cache, data_cache)[0], args.subsets),
               "real": f"{config.data.image_dir or config.data.dataset} at {config.model.image_size}px",
               "fid_net": extractor.identity, "note": args.note}
     print(json.dumps(record))

@@ -90,8 +90,8 @@ SAMPLER_HELP = (
 )
 TIP_BELOW_STEPS = 50  # where the grids were compared; with many steps every grid converges
 SPACING_HELP = ("Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items())
-                + f". By the FID of samples: {FID_BEST_SPACING} at 20 steps (the safe grid); with {FEW_STEPS} steps or fewer, "
-                f"--sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]}.")
+                + f". By the FID of samples: {FID_BEST_SPACING} at 20 steps (the safe grid); with {FEW_STEPS} steps or "
+                f"fewer, --sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]}.")
 
 
 def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
