@@ -4,7 +4,9 @@ Run:  python benchmarks/recipe.py --root /tmp/recipe [--variants keras,velocity,
       python benchmarks/recipe.py --root /tmp/recipe --time-only     (seconds per step of every variant, 32 and 64 px)
 
 Every variant trains ``configs/flowers64.toml`` at 32x32 with batch 64 from the same seed and data order
-(``ddim train``, so a rerun resumes where it stopped), with one change or a combination. At each of
+(``ddim train``, so a rerun resumes where it stopped), with one change or a combination. ``--steps`` count
+steps of the Keras recipe: a variant whose step costs another time (a smaller batch or network,
+``STEPS_PER_KERAS_STEP``) is trained to and scored at the step that takes the same wall time. At each of
 ``--steps`` it samples ``--num`` images (default 1,000) with 20 steps of ddim/uniform and of
 dpmpp-2m/logsnr and scores them with the standard FID Inception against all 8,189 Oxford Flowers images at
 32x32 (``ddim eval --split all``; the real features are cached once in ``<root>/eval_cache``). Seconds per
@@ -72,12 +74,21 @@ VARIANTS: dict[str, list[str]] = {
     "fast-lr3e-3": [*FAST, "train.learning_rate=3e-3"],
     # The Keras recipe at fast-lr2e-3's peak (constant, as Keras'): is the gain the recipe's or the learning rate's?
     "keras-lr2e-3": ["train.learning_rate=2e-3"],
+    # fast-lr2e-3 at half the batch: on the CPU a step then costs half (0.56 s against 1.11 s at 32x32), so it
+    # takes twice the steps in the same wall time (STEPS_PER_KERAS_STEP); schedule stretched to match.
+    "fast-b32": [*FAST, "train.learning_rate=2e-3", "train.batch_size=32", "train.lr_decay_steps=8000",
+                 "train.warmup_steps=400"],
+    # fast-lr2e-3 with one residual block per level instead of two: half the parameters, 0.57 of the step time,
+    # so 1.7 steps in a Keras step's time (is a smaller network better at this budget?). Schedule stretched alike.
+    "fast-depth1": [*FAST, "train.learning_rate=2e-3", "model.block_depth=1", "train.lr_decay_steps=6800",
+                    "train.warmup_steps=340"],
 }
 """Each change alone, every change together (combined, combined-h4), and the changes that helped alone (fast:
 the first recommended recipe); names are the work directories under --root. fast-1k decays its learning
 rate to zero by step 1,000 (a run that knows its budget; train it only to 1,000); fast-lr2e-3 and fast-lr3e-3
 raise the peak learning rate (1e-3 in the Keras recipe and fast) to 2e-3 and 3e-3; keras-lr2e-3 gives the
-Keras recipe the same 2e-3 (constant), so that the comparison with fast-lr2e-3 is fair."""
+Keras recipe the same 2e-3 (constant), so that the comparison with fast-lr2e-3 is fair; fast-b32 and fast-depth1
+spend the Keras recipe's wall time on more, cheaper steps (half the batch; one residual block per level)."""
 
 ATTENTION_LAYOUTS: dict[str, list[str]] = {
     "attention-h4": ["model.attention_resolutions=[16, 8]", "model.attention_heads=4"],
@@ -85,6 +96,26 @@ ATTENTION_LAYOUTS: dict[str, list[str]] = {
     "attention-8-4-h4": ["model.attention_resolutions=[8, 4]", "model.attention_heads=4"],
 }
 """Other places and head counts of attention, for --time-only (what each costs a CPU step)."""
+
+
+def batch_size(variant: str) -> int:
+    """The variant's batch (64, BASE's, unless it sets its own)."""
+    sizes = [int(o.split("=")[1]) for o in [*BASE, *{**VARIANTS, **ATTENTION_LAYOUTS}[variant]]
+             if o.startswith("train.batch_size=")]
+    return sizes[-1]
+
+
+STEPS_PER_KERAS_STEP: dict[str, float] = {"fast-b32": 2.0, "fast-depth1": 1.7}
+"""Variants whose steps cost a different time than the Keras recipe's: how many of their steps take the wall
+time of one Keras step on the 2-core CPU (interleaved timings in one process: batch 32 costs 0.50 of batch 64's
+step, one residual block per level 0.57 of two; rounded down, which favours the Keras recipe). Every other
+variant's step costs the Keras step's within the timing scatter (the table's s/step)."""
+
+
+def scaled_step(variant: str, step: int) -> int:
+    """The variant's step that takes the wall time of ``step`` Keras-recipe steps (--steps count those)."""
+    return round(step * STEPS_PER_KERAS_STEP.get(variant, 1.0))
+
 
 SAMPLERS = (("ddim", "uniform"), ("dpmpp-2m", "logsnr"))
 
@@ -124,12 +155,13 @@ def score(root: Path, variant: str, step: int, sampler: str, spacing: str, num: 
 
     record = score_fid(Workdir(root / variant).checkpoints / str(step),
                        SamplingSpec(steps=20, sampler=sampler, spacing=spacing), num, root)
-    return {"variant": variant, "step": step, "sampler": sampler, "spacing": spacing, "fid": record["fid"],
+    return {"variant": variant, "step": step, "images": step * batch_size(variant), "sampler": sampler,
+            "spacing": spacing, "fid": record["fid"],
             "kid": record["kid_mean"], "num": num, "real_num": record["real_num"]}
 
 
 def seconds_per_step(variants: list[str], image_size: int, rounds: int = 6) -> dict[str, float]:
-    """Median wall time of one compiled training step at batch 64 of each variant (random images).
+    """Median wall time of one compiled training step of each variant at its batch (random images).
 
     Every variant is compiled first, then the steps run in interleaved rounds (one step of each variant per
     round), so a slow spell of the machine falls on all of them alike: the ratios are what to compare.
@@ -143,22 +175,23 @@ def seconds_per_step(variants: list[str], image_size: int, rounds: int = 6) -> d
     from ddim.objective import Objective
     from ddim.train import state as state_lib
 
-    images = np.random.default_rng(0).integers(0, 256, (64, image_size, image_size, 3), dtype=np.uint8)
-    batch = {"image": jax.numpy.asarray(images), "label": jax.numpy.full((64,), -1, jax.numpy.int32)}
     programs = {}
     for variant in variants:
+        size = batch_size(variant)
+        images = np.random.default_rng(0).integers(0, 256, (size, image_size, image_size, 3), dtype=np.uint8)
+        batch = {"image": jax.numpy.asarray(images), "label": jax.numpy.full((size,), -1, jax.numpy.int32)}
         config = load_config(REPO / "configs" / "flowers64.toml",
                              [*overrides(variant, 4000, 1000), f"model.image_size={image_size}"])
         step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True,
                                          objective=Objective.of(config.model, config)), donate_argnums=(0,))
         state, metrics = step(state_lib.create_train_state(config, jax.random.key(0)), batch, jax.random.key(1))
         jax.block_until_ready(metrics)  # compiled
-        programs[variant] = [step, state]
+        programs[variant] = [step, state, batch]
     times: dict[str, list[float]] = {variant: [] for variant in variants}
     for _ in range(rounds):
         for variant, program in programs.items():
             started = time.perf_counter()
-            program[1], metrics = program[0](program[1], batch, jax.random.key(1))
+            program[1], metrics = program[0](program[1], program[2], jax.random.key(1))
             jax.block_until_ready(metrics)
             times[variant].append(time.perf_counter() - started)
     return {variant: float(np.median(values)) for variant, values in times.items()}
@@ -167,13 +200,13 @@ def seconds_per_step(variants: list[str], image_size: int, rounds: int = 6) -> d
 def table(root: Path, timing: dict) -> str:
     rows = read_records(root / "results.jsonl")
     fids = {(r["variant"], r["step"], r["sampler"]): r["fid"] for r in rows}
-    lines = ["| variant | s/step 32px | s/step 64px | steps | FID ddim/uniform | FID dpmpp-2m/logsnr |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| variant | batch | s/step 32px | s/step 64px | steps | FID ddim/uniform | FID dpmpp-2m/logsnr |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for variant in VARIANTS:
         for step in sorted({r["step"] for r in rows if r["variant"] == variant}):
             seconds = timing.get(variant, {})
             cells = [f"{fids[(variant, step, s)]:.1f}" if (variant, step, s) in fids else "" for s, _ in SAMPLERS]
-            lines.append(f"| {variant} | {seconds.get('32', float('nan')):.2f} | {seconds.get('64', float('nan')):.2f}"
+            lines.append(f"| {variant} | {batch_size(variant)} | {seconds.get('32', float('nan')):.2f} | {seconds.get('64', float('nan')):.2f}"
                          f" | {step} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -207,10 +240,12 @@ def main() -> None:
     else:
         until = args.until or max(args.steps)
         for variant in variants:
+            # --steps count steps at batch 64; a variant at another batch trains and is scored at equal images.
+            steps = [scaled_step(variant, s) for s in args.steps]
             if not args.score_only:
-                train(args.root, variant, args.steps, until)
+                train(args.root, variant, steps, scaled_step(variant, until))
             finished = done(args.root)
-            for step in [s for s in args.steps if s <= until]:
+            for step in [s for s in steps if s <= scaled_step(variant, until)]:
                 for sampler, spacing in SAMPLERS:
                     if (variant, step, sampler, spacing) in finished:
                         continue

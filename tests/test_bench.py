@@ -197,6 +197,23 @@ def test_the_fast_configs_are_the_ablations_fast_variant(config, image_size, var
     assert shipped.data.dataset == measured.data.dataset
 
 
+def test_the_ablation_compares_variants_of_other_step_costs_at_equal_wall_time():
+    """A variant whose step costs another time than the Keras recipe's (a smaller batch, a smaller network) is
+    trained and scored at the step that takes the Keras recipe's wall time, and its learning-rate schedule
+    (warm-up and cosine length) is stretched by the same factor, so it is the same schedule in time."""
+    from ddim.config import load_config
+
+    recipe = load_benchmark("recipe")
+    assert recipe.scaled_step("keras", 1000) == 1000
+    for variant, ratio in recipe.STEPS_PER_KERAS_STEP.items():
+        assert recipe.scaled_step(variant, 1000) == round(1000 * ratio) > 1000
+        config = load_config(REPO / "configs" / "flowers64.toml", recipe.overrides(variant, 4000, 1000))
+        plain = load_config(REPO / "configs" / "flowers64.toml", recipe.overrides("fast-lr2e-3", 4000, 1000))
+        assert config.train.lr_decay_steps == recipe.scaled_step(variant, recipe.LENGTH)
+        assert config.train.warmup_steps == recipe.scaled_step(variant, plain.train.warmup_steps)
+    assert recipe.batch_size("fast-b32") == 32 and recipe.batch_size("keras") == 64
+
+
 def test_the_serve_benchmark_picks_a_bundled_model_with_pretrained():
     serve = load_benchmark("serve")
     assert serve.model_options("pretrained:flowers32") == ["--pretrained", "flowers32"]
