@@ -200,14 +200,15 @@ def seconds_per_step(variants: list[str], image_size: int, rounds: int = 6) -> d
 def table(root: Path, timing: dict) -> str:
     rows = read_records(root / "results.jsonl")
     fids = {(r["variant"], r["step"], r["sampler"]): r["fid"] for r in rows}
-    lines = ["| variant | batch | s/step 32px | s/step 64px | steps | FID ddim/uniform | FID dpmpp-2m/logsnr |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| variant | batch | s/step 32px | s/step 64px | steps | in Keras steps' time | FID ddim/uniform "
+             "| FID dpmpp-2m/logsnr |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for variant in VARIANTS:
         for step in sorted({r["step"] for r in rows if r["variant"] == variant}):
             seconds = timing.get(variant, {})
             cells = [f"{fids[(variant, step, s)]:.1f}" if (variant, step, s) in fids else "" for s, _ in SAMPLERS]
-            lines.append(f"| {variant} | {batch_size(variant)} | {seconds.get('32', float('nan')):.2f} | {seconds.get('64', float('nan')):.2f}"
-                         f" | {step} | {' | '.join(cells)} |")
+            keras_steps = round(step / STEPS_PER_KERAS_STEP.get(variant, 1.0))
+            lines.append(f"| {variant} | {batch_size(variant)} | {seconds.get('32', float('nan')):.2f} | "
+                         f"{seconds.get('64', float('nan')):.2f} | {step} | {keras_steps} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
