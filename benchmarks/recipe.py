@@ -108,8 +108,9 @@ def batch_size(variant: str) -> int:
 STEPS_PER_KERAS_STEP: dict[str, float] = {"fast-b32": 2.0, "fast-depth1": 1.7}
 """Variants whose steps cost a different time than the Keras recipe's: how many of their steps take the wall
 time of one Keras step on the 2-core CPU (interleaved timings in one process: batch 32 costs 0.50 of batch 64's
-step, one residual block per level 0.57 of two; rounded down, which favours the Keras recipe). Every other
-variant's step costs the Keras step's within the timing scatter (the table's s/step)."""
+step, one residual block per level 0.57 of two; rounded down, which favours the Keras recipe: a later run timed
+them at 1/2.5 and 1/1.9 of the Keras network's step). Every other variant's step costs the Keras step's within
+the timing scatter (the table's s/step)."""
 
 
 def scaled_step(variant: str, step: int) -> int:
