@@ -49,10 +49,34 @@ BASE = [
 ATTENTION = ["model.attention_resolutions=[16, 8]", "model.attention_heads=1"]
 """DDPM's placement (16x16 for 32x32 images) and head count. Four heads (ADM) cost 2.5x a step on the CPU at
 32x32 (+55 % at 64x64: the attention logits are 4x larger); one head costs +19 to +25 % at 64x64 (two runs)."""
-SCHEDULE = ['train.lr_schedule="cosine"', "train.warmup_steps=200", "train.grad_clip=1.0"]
+LENGTH = 4000
+"""The length of every variant's learning-rate schedule, whatever step it is trained to (--until)."""
+WARMUP = 200
+"""The warm-up of the variants with a schedule (SCHEDULE)."""
+SCHEDULE = ['train.lr_schedule="cosine"', f"train.warmup_steps={WARMUP}", "train.grad_clip=1.0"]
 FAST = ['model.embedding_injection="every-block"', *SCHEDULE]
 """The changes that helped alone, together (the `fast` variant: configs/flowers64-fast.toml's recipe;
 configs/flowers32.toml's is `fast-lr2e-3`, the same at a peak learning rate of 2e-3)."""
+
+STEPS_PER_KERAS_STEP: dict[str, float] = {"fast-b32": 2.0, "fast-depth1": 1.7}
+"""Variants whose steps cost a different time than the Keras recipe's: how many of their steps take the wall
+time of one Keras step on the 2-core CPU (interleaved timings in one process: batch 32 costs 0.50 of batch 64's
+step, one residual block per level 0.57 of two; rounded down, which favours the Keras recipe: a later run timed
+them at 1/2.5 and 1/1.9 of the Keras network's step). Every other variant's step costs the Keras step's within
+the timing scatter (the table's s/step)."""
+
+
+def scaled_step(variant: str, step: int) -> int:
+    """The variant's step that takes the wall time of ``step`` Keras-recipe steps (--steps count those)."""
+    return round(step * STEPS_PER_KERAS_STEP.get(variant, 1.0))
+
+
+def stretched_schedule(variant: str) -> list[str]:
+    """The warm-up and cosine length in ``variant``'s own steps: the same schedule in wall time as the others'."""
+    return [f"train.warmup_steps={scaled_step(variant, WARMUP)}",
+            f"train.lr_decay_steps={scaled_step(variant, LENGTH)}"]
+
+
 VARIANTS: dict[str, list[str]] = {
     "keras": [],
     "velocity": ['model.prediction="velocity"'],
@@ -76,12 +100,10 @@ VARIANTS: dict[str, list[str]] = {
     "keras-lr2e-3": ["train.learning_rate=2e-3"],
     # fast-lr2e-3 at half the batch: on the CPU a step then costs half (0.56 s against 1.11 s at 32x32), so it
     # takes twice the steps in the same wall time (STEPS_PER_KERAS_STEP); schedule stretched to match.
-    "fast-b32": [*FAST, "train.learning_rate=2e-3", "train.batch_size=32", "train.lr_decay_steps=8000",
-                 "train.warmup_steps=400"],
+    "fast-b32": [*FAST, "train.learning_rate=2e-3", "train.batch_size=32", *stretched_schedule("fast-b32")],
     # fast-lr2e-3 with one residual block per level instead of two: half the parameters, 0.57 of the step time,
     # so 1.7 steps in a Keras step's time (is a smaller network better at this budget?). Schedule stretched alike.
-    "fast-depth1": [*FAST, "train.learning_rate=2e-3", "model.block_depth=1", "train.lr_decay_steps=6800",
-                    "train.warmup_steps=340"],
+    "fast-depth1": [*FAST, "train.learning_rate=2e-3", "model.block_depth=1", *stretched_schedule("fast-depth1")],
 }
 """Each change alone, every change together (combined, combined-h4), and the changes that helped alone (fast:
 the first recommended recipe); names are the work directories under --root. fast-1k decays its learning
@@ -105,24 +127,7 @@ def batch_size(variant: str) -> int:
     return sizes[-1]
 
 
-STEPS_PER_KERAS_STEP: dict[str, float] = {"fast-b32": 2.0, "fast-depth1": 1.7}
-"""Variants whose steps cost a different time than the Keras recipe's: how many of their steps take the wall
-time of one Keras step on the 2-core CPU (interleaved timings in one process: batch 32 costs 0.50 of batch 64's
-step, one residual block per level 0.57 of two; rounded down, which favours the Keras recipe: a later run timed
-them at 1/2.5 and 1/1.9 of the Keras network's step). Every other variant's step costs the Keras step's within
-the timing scatter (the table's s/step)."""
-
-
-def scaled_step(variant: str, step: int) -> int:
-    """The variant's step that takes the wall time of ``step`` Keras-recipe steps (--steps count those)."""
-    return round(step * STEPS_PER_KERAS_STEP.get(variant, 1.0))
-
-
 SAMPLERS = (("ddim", "uniform"), ("dpmpp-2m", "logsnr"))
-
-
-LENGTH = 4000
-"""The length of every variant's learning-rate schedule, whatever step it is trained to (--until)."""
 
 
 def overrides(variant: str, max_steps: int, checkpoint_every: int) -> list[str]:
