@@ -57,6 +57,10 @@ SCHEDULE = ['train.lr_schedule="cosine"', f"train.warmup_steps={WARMUP}", "train
 FAST = ['model.embedding_injection="every-block"', *SCHEDULE]
 """The changes that helped alone, together (the `fast` variant: configs/flowers64-fast.toml's recipe;
 configs/flowers32.toml's is `fast-lr2e-3`, the same at a peak learning rate of 2e-3)."""
+RECOMMENDED = [*FAST, "train.learning_rate=2e-3"]
+"""configs/flowers32.toml's recipe (the `fast-lr2e-3` variant): the base of the later variants' single changes."""
+OBJECTIVE = ['model.prediction="velocity"', 'train.loss="mse"', 'train.loss_weighting="min-snr"']
+"""The literature's objective: v-prediction with an MSE loss weighted by min-SNR-5 (Hang et al. 2023)."""
 
 STEPS_PER_KERAS_STEP: dict[str, float] = {"fast-b32": 2.0, "fast-depth1": 1.7}
 """Variants whose steps cost a different time than the Keras recipe's: how many of their steps take the wall
@@ -86,28 +90,25 @@ VARIANTS: dict[str, list[str]] = {
     "attention": ATTENTION,
     "every-block": ['model.embedding_injection="every-block"'],
     "schedule": SCHEDULE,
-    "combined": ['model.prediction="velocity"', 'train.loss="mse"', 'train.loss_weighting="min-snr"', *ATTENTION,
-                 'model.embedding_injection="every-block"', *SCHEDULE],
+    "combined": [*OBJECTIVE, *ATTENTION, 'model.embedding_injection="every-block"', *SCHEDULE],
     "fast": FAST,
-    "combined-h4": ['model.prediction="velocity"', 'train.loss="mse"', 'train.loss_weighting="min-snr"',
-                    "model.attention_resolutions=[16, 8]", "model.attention_heads=4",
+    "combined-h4": [*OBJECTIVE, "model.attention_resolutions=[16, 8]", "model.attention_heads=4",
                     'model.embedding_injection="every-block"', *SCHEDULE],
     # Levers beyond the issue's list, tried because fast's gain at 1,000 steps fell short of the target:
     "fast-1k": [*FAST, "train.lr_decay_steps=1000"],
-    "fast-lr2e-3": [*FAST, "train.learning_rate=2e-3"],
+    "fast-lr2e-3": RECOMMENDED,
     "fast-lr3e-3": [*FAST, "train.learning_rate=3e-3"],
     # The Keras recipe at fast-lr2e-3's peak (constant, as Keras'): is the gain the recipe's or the learning rate's?
     "keras-lr2e-3": ["train.learning_rate=2e-3"],
     # fast-lr2e-3 at half the batch: on the CPU a step then costs half (0.56 s against 1.11 s at 32x32), so it
     # takes twice the steps in the same wall time (STEPS_PER_KERAS_STEP); schedule stretched to match.
-    "fast-b32": [*FAST, "train.learning_rate=2e-3", "train.batch_size=32", *stretched_schedule("fast-b32")],
+    "fast-b32": [*RECOMMENDED, "train.batch_size=32", *stretched_schedule("fast-b32")],
     # fast-lr2e-3 with one residual block per level instead of two: half the parameters, 0.57 of the step time,
     # so 1.7 steps in a Keras step's time (is a smaller network better at this budget?). Schedule stretched alike.
-    "fast-depth1": [*FAST, "train.learning_rate=2e-3", "model.block_depth=1", *stretched_schedule("fast-depth1")],
-    # fast-lr2e-3 with the literature's objective (v-prediction, MSE, min-SNR-5: Hang et al. 2023's recipe) and
-    # no attention: alone, each of the three was worse at 1,000 steps; does the combination pay on this base?
-    "fast-velocity": [*FAST, "train.learning_rate=2e-3", 'model.prediction="velocity"', 'train.loss="mse"',
-                      'train.loss_weighting="min-snr"'],
+    "fast-depth1": [*RECOMMENDED, "model.block_depth=1", *stretched_schedule("fast-depth1")],
+    # fast-lr2e-3 with the literature's objective and no attention: alone, each of the three changes was worse
+    # at 1,000 steps; does the combination pay on this base?
+    "fast-velocity": [*RECOMMENDED, *OBJECTIVE],
 }
 """Each change alone, every change together (combined, combined-h4), and the changes that helped alone (fast:
 the first recommended recipe); names are the work directories under --root. fast-1k decays its learning
