@@ -119,9 +119,9 @@ VARIANTS: dict[str, list[str]] = {
     # 0.31, SNR 9.3), so the sampler's last step guesses the clean image from a visibly noisy one; DDPM's and
     # EDM's schedules reach an almost clean image. 0.99 is a noise rate of 0.14 (SNR 49).
     "fast-signal-0.99": [*RECOMMENDED, "model.max_signal_rate=0.99"],
-    # fast-lr2e-3 at twice the width (4x the parameters and arithmetic): what capacity buys per step. On the
-    # CPU a step costs several times the Keras network's; on a GPU, where a batch of 64 at 32x32 leaves most of
-    # the chip idle, it need not, so this is the lever for the target at equal wall time there.
+    # fast-lr2e-3 at twice the width (3.7x the parameters): what capacity buys per step. On the CPU a step costs
+    # 4.1 times the Keras network's (STEP_COST); on a GPU, where a batch of 64 at 32x32 leaves most of the chip
+    # idle, it need not. Measured level with fast-lr2e-3 per step at 1,000 steps, so it is no shortcut there either.
     "fast-wide": [*RECOMMENDED, "model.widths=[64, 128, 192, 256]"],
 }
 """Each change alone, every change together (combined, combined-h4), and the changes that helped alone (fast:
