@@ -214,6 +214,20 @@ def test_the_ablation_compares_variants_of_other_step_costs_at_equal_wall_time()
     assert recipe.batch_size("fast-b32") == 32 and recipe.batch_size("keras") == 64
 
 
+def test_the_ablation_table_gives_a_costlier_variant_the_keras_time_its_steps_took(tmp_path):
+    """A variant scored at equal steps although its step costs more (STEP_COST: the wide network) is trained to
+    the Keras recipe's steps, and the table says how many Keras steps' time those steps took."""
+    recipe = load_benchmark("recipe")
+    assert recipe.scaled_step("fast-wide", 1000) == 1000
+    rows = [{"variant": variant, "step": 1000, "sampler": sampler, "spacing": spacing, "fid": 70.0}
+            for variant in ("fast-lr2e-3", "fast-wide") for sampler, spacing in recipe.SAMPLERS]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    table = recipe.table(tmp_path, {"fast-wide": {"32": 3.35, "64": 13.0}})
+    cost = recipe.STEP_COST["fast-wide"]
+    assert f"| fast-wide | 64 | 3.35 | 13.00 | 1000 | {round(1000 * cost)} | 70.0 | 70.0 |" in table
+    assert "| fast-lr2e-3 | 64 | nan | nan | 1000 | 1000 | 70.0 | 70.0 |" in table
+
+
 def test_the_serve_benchmark_picks_a_bundled_model_with_pretrained():
     serve = load_benchmark("serve")
     assert serve.model_options("pretrained:flowers32") == ["--pretrained", "flowers32"]
