@@ -57,8 +57,9 @@ class ModelConfig:
 
     bfloat16 is for GPUs/TPUs; on CPUs XLA's bfloat16 convolutions are slower than float32."""
     prediction: str = "noise"
-    """What the network predicts: "noise" (eps, the Keras example) or "velocity" (v = alpha eps - sigma x_0,
-    Salimans & Ho 2022). Samplers and tools convert either to (noise, image) (ddim/objective.py)."""
+    """What the network predicts: "noise" (eps, the Keras example), "velocity" (v = alpha eps - sigma x_0,
+    Salimans & Ho 2022) or "image" (x_0; distilled students). Samplers and tools convert each to (noise, image)
+    (ddim/objective.py)."""
     attention_resolutions: tuple[int, ...] = ()
     """Feature-map sides (pixels) whose residual blocks are followed by multi-head self-attention, e.g. [8, 16]
     (DDPM puts it at 16x16; ADM at 32, 16, 8). Empty: no attention (the Keras example)."""
@@ -84,6 +85,15 @@ class ModelConfig:
     """The classes' names, set from the data (TFDS label names, or subfolder names)."""
     class_counts: tuple[int, ...] = ()
     """Training images per class, set from the data: classes are drawn with these frequencies when none is asked."""
+    guidance_input: bool = False
+    """The network takes the classifier-free guidance scale as an input and gives the guided prediction in one pass
+    (Meng et al. 2023, "On distillation of guided diffusion models"): set by ``ddim distill`` on the student of a
+    class-conditional teacher, never trained from scratch."""
+    guidance_range: tuple[float, ...] = ()
+    """With guidance_input: the [lowest, highest] guidance scale the student was distilled on; others are refused."""
+    distilled_steps: int = 0
+    """0 for a diffusion model (any step count, any sampler). A distilled student (``ddim distill``) samples with
+    exactly this many deterministic DDIM steps on the uniform grid it was distilled for, and nothing else."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +209,51 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    """``ddim distill``: progressive distillation (Salimans & Ho 2022, Algorithm 2) of a teacher into few-step
+    students, with the guidance scale folded into the student first for class-conditional teachers (Meng et al.
+    2023, stage one). Defaults follow the papers' reference code (google-research ``diffusion_distillation``,
+    ``cifar_distill.py``) where it fits a CPU-sized run; see docs/distillation.md."""
+
+    start_steps: int = 32
+    """The teacher's DDIM step count the first round starts from: its deterministic DDIM sample on the uniform
+    grid of this many steps is what the students learn to reproduce in fewer."""
+    end_steps: int = 1
+    """The last round's student step count; start_steps / end_steps must be a power of 2 (rounds halve)."""
+    round_steps: int = 2000
+    """Optimiser steps per halving round (the reference: 50,000 at batch 128 on TPUs)."""
+    first_stage_steps: int = 2000
+    """Optimiser steps of stage one: the student learns the teacher's guided prediction at start_steps' times,
+    with the guidance scale as an input (Meng et al. 2023) and in its own prediction target. Only run when the
+    teacher is class-conditional or predicts another target than the student; else round one starts from the
+    teacher."""
+    prediction: str = "velocity"
+    """The student's prediction target: "velocity" (v = alpha eps - sigma x_0) or "image" (x_0; the reference's
+    choice). Not "noise": a noise prediction divides by the signal rate to give the image, which at one step
+    (signal rate 0.02) magnifies its error fifty-fold (Salimans & Ho 2022, section 4)."""
+    learning_rate: float = 1e-4
+    """Adam's learning rate at the start of every round, decayed linearly to 0 at its end (the reference: 5e-5
+    over 50,000 steps; shorter rounds take a larger one)."""
+    batch_size: int = 64
+    """Images per optimiser step."""
+    grad_clip: float = 1.0
+    """Clip the gradient's global norm to this (the reference: 1); 0: no clipping."""
+    ema_decay: float = 0.0
+    """Decay of the student's weight average used as the next teacher and for sampling; 0 uses the weights
+    themselves (the reference: 0, as the learning rate decays to 0 in every round)."""
+    guidance_min: float = 0.0
+    """Class-conditional teachers: the lowest guidance scale the student learns (0: the unconditional model)."""
+    guidance_max: float = 4.0
+    """Class-conditional teachers: the highest guidance scale the student learns (Meng et al.: w in [0, 4] on
+    ImageNet 64, their w being this project's scale minus 1)."""
+    label_dropout: float = 0.1
+    """Class-conditional teachers: the share of images distilled with the null class, so the student keeps the
+    unconditional prediction that the verbs without a class use (the teacher's own train.label_dropout)."""
+    seed: int = 0
+    """Seed of the data order, noise, times and guidance scales."""
+
+
+@dataclass(frozen=True)
 class Config:
     """A complete run configuration."""
 
@@ -207,6 +262,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """Used by ``ddim distill`` only."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts (tuples as lists), as stored in checkpoints and accepted by :func:`from_dict`."""
@@ -339,15 +396,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load a TOML config (or the defaults when ``path`` is None) and apply overrides."""
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            values = tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
-        values.setdefault("name", path.stem)
+        values = read_toml(path)
+        values.setdefault("name", Path(path).stem)
     return from_dict(apply_overrides(values, list(overrides or [])))
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The values of a TOML config file, not yet validated; :class:`ConfigError` when missing or not TOML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
 
 
 def validate(config: Config) -> None:
@@ -405,6 +467,7 @@ def validate(config: Config) -> None:
     if t.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}")
     _validate_recipe(config)
+    _validate_distillation(config)
 
 
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -415,7 +478,7 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 def _validate_recipe(config: Config) -> None:
     """The prediction target, loss, schedule, classes and network options (see the fields' docs)."""
     m, t = config.model, config.train
-    _choice("model.prediction", m.prediction, ("noise", "velocity"))
+    _choice("model.prediction", m.prediction, ("noise", "velocity", "image"))
     _choice("model.embedding_injection", m.embedding_injection, ("input", "every-block"))
     _choice("model.class_embedding", m.class_embedding, ("noise-features", "adm"))
     if m.class_embedding == "adm" and m.embedding_injection != "every-block":
@@ -445,3 +508,39 @@ def _validate_recipe(config: Config) -> None:
     for key, value in {"train.snr_gamma": t.snr_gamma, "train.p2_k": t.p2_k, "train.p2_gamma": t.p2_gamma}.items():
         if not value > 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
+
+
+def _validate_distillation(config: Config) -> None:
+    """The ``[distill]`` section and a distilled model's own fields (see their docs)."""
+    m, d = config.model, config.distill
+    if m.distilled_steps < 0:
+        raise ConfigError(f"model.distilled_steps must be >= 0, got {m.distilled_steps}")
+    if m.guidance_input and not m.class_conditional:
+        raise ConfigError("model.guidance_input needs a class-conditional model (guidance needs classes)")
+    if m.guidance_range and (len(m.guidance_range) != 2 or not 0.0 <= m.guidance_range[0] <= m.guidance_range[1]):
+        raise ConfigError(f"model.guidance_range must be [lowest, highest] with 0 <= lowest <= highest, "
+                          f"got {list(m.guidance_range)}")
+    for key, value in {"distill.start_steps": d.start_steps, "distill.end_steps": d.end_steps,
+                       "distill.round_steps": d.round_steps, "distill.batch_size": d.batch_size}.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    if d.first_stage_steps < 0:
+        raise ConfigError(f"distill.first_stage_steps must be >= 0, got {d.first_stage_steps}")
+    ratio = d.start_steps // d.end_steps
+    if d.start_steps % d.end_steps or ratio < 2 or ratio & (ratio - 1):
+        reachable = ", ".join(str(d.start_steps >> k) for k in range(1, d.start_steps.bit_length())
+                              if d.start_steps % (1 << k) == 0)
+        raise ConfigError(f"distill.end_steps ({d.end_steps}) is not reachable by halving distill.start_steps "
+                          f"({d.start_steps}); reachable: {reachable or 'none (start_steps is odd)'}")
+    _choice("distill.prediction", d.prediction, ("velocity", "image"))
+    if not d.learning_rate > 0:
+        raise ConfigError(f"distill.learning_rate must be > 0, got {d.learning_rate}")
+    if d.grad_clip < 0:
+        raise ConfigError(f"distill.grad_clip must be >= 0, got {d.grad_clip}")
+    if not 0.0 <= d.ema_decay < 1.0:
+        raise ConfigError(f"distill.ema_decay must be in [0, 1), got {d.ema_decay}")
+    if not 0.0 <= d.guidance_min <= d.guidance_max:
+        raise ConfigError(f"need 0 <= distill.guidance_min <= distill.guidance_max, got {d.guidance_min} and "
+                          f"{d.guidance_max}")
+    if not 0.0 <= d.label_dropout < 1.0:
+        raise ConfigError(f"distill.label_dropout must be in [0, 1), got {d.label_dropout}")

@@ -69,9 +69,11 @@ class DiffusionModel(nn.Module):
         ids, ``(B,)``) for a class-conditional network, optionally with
         ``"label_to"`` and ``"label_mix"`` (a mix of two classes, as
         :class:`ddim.nn.ClassEmbedding` reads them), and ``"guidance"``
-        (``(B,)`` scales) for classifier-free guidance, :func:`guided_outputs`.
+        (``(B,)`` scales) for classifier-free guidance, :func:`guided_outputs`,
+        or, for a distilled student with ``guidance_input``, the network's own
+        input (one pass; Meng et al. 2023).
         """
-        if cond is not None and "guidance" in cond:
+        if cond is not None and "guidance" in cond and not self.config.guidance_input:
             outputs = self.guided_outputs(noisy_images, noise_rates, cond)
         else:
             outputs = self.network(noisy_images, noise_rates**2, train, cond)

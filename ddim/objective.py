@@ -20,6 +20,9 @@ Prediction targets (guided-diffusion's ``ModelMeanType``, diffusers' ``predictio
   ``x_0 = alpha x_t - sigma v`` and ``eps = sigma x_t + alpha v``: both stay
   well-conditioned at every noise level, where ``x_0`` from ``eps`` divides by
   ``alpha``.
+- ``image``: the network predicts ``x_0`` itself (Salimans & Ho 2022, section 4;
+  their distillation code's ``mean_type = "x"``); ``eps = (x_t - alpha x_0) / sigma``.
+  Distilled students use it or ``velocity``.
 
 Losses and weightings. Every weighting is written as a weight ``w(SNR)`` of the
 squared error of the *clean image*; a target's own squared error is a fixed
@@ -55,7 +58,7 @@ import jax.numpy as jnp
 from ddim import diffusion
 from ddim.config import Config, ModelConfig
 
-PREDICTIONS = ("noise", "velocity")
+PREDICTIONS = ("noise", "velocity", "image")
 LOSSES = ("mae", "mse")
 WEIGHTINGS = ("none", "min-snr", "p2")
 
@@ -77,6 +80,11 @@ def noise_and_image_from_velocity(noisy_images, pred_velocities, noise_rates, si
     return pred_noises, pred_images
 
 
+def noise_from_image(noisy_images, pred_images, noise_rates, signal_rates):
+    """``eps = (x_t - alpha x_0) / sigma``: the noise that an image prediction implies (DDIM eq. 4 solved for eps)."""
+    return (noisy_images - signal_rates * pred_images) / noise_rates
+
+
 def clean_image_weight(weighting: str, snrs, snr_gamma: float = 5.0, p2_k: float = 1.0, p2_gamma: float = 1.0):
     """``w(SNR)``: the weight of the clean image's squared error under ``weighting`` (module docstring)."""
     if weighting == "min-snr":
@@ -88,6 +96,8 @@ def clean_image_weight(weighting: str, snrs, snr_gamma: float = 5.0, p2_k: float
 
 def target_factor(prediction: str, snrs):
     """How many times the clean image's squared error the target's squared error is (module docstring)."""
+    if prediction == "image":
+        return jnp.ones_like(snrs)
     return snrs if prediction == "noise" else snrs + 1.0
 
 
@@ -110,7 +120,7 @@ class Objective:
     max_signal_rate: float = 0.95
     """Signal rate at diffusion time 0 (the cosine schedule's cleanest level)."""
     prediction: str = "noise"
-    """What the network predicts: "noise" or "velocity"."""
+    """What the network predicts: "noise", "velocity" or "image"."""
     loss: str = "mae"
     """"mae" or "mse" of the prediction target."""
     weighting: str = "none"
@@ -154,12 +164,16 @@ class Objective:
         """The network's ``outputs`` as ``(pred_noises, pred_images)``, the pair every sampler uses."""
         if self.prediction == "velocity":
             return noise_and_image_from_velocity(noisy_images, outputs, noise_rates, signal_rates)
+        if self.prediction == "image":
+            return noise_from_image(noisy_images, outputs, noise_rates, signal_rates), outputs
         return outputs, diffusion.predict_images(noisy_images, outputs, noise_rates, signal_rates)
 
     def target(self, batch: NoisyBatch):
         """What the network should output for ``batch``."""
         if self.prediction == "velocity":
             return velocity(batch.images, batch.noises, batch.noise_rates, batch.signal_rates)
+        if self.prediction == "image":
+            return batch.images
         return batch.noises
 
     def example_weights(self, noise_rates, signal_rates):

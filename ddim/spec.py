@@ -177,3 +177,70 @@ def _number(name: str, value) -> float:
     if not math.isfinite(number):
         raise SpecError(f"{name} must be a finite number, got {value!r}", f"--{name} must be a finite number (got {value})")
     return number
+
+
+@dataclass(frozen=True)
+class SamplingRules:
+    """What one model samples with when nothing is asked (:attr:`defaults`), and what it refuses.
+
+    A diffusion model takes any spec; its defaults are :class:`SamplingSpec`'s, or the measured best setting a
+    bundled model's record names. A distilled student (``model.distilled_steps``) samples only with the
+    deterministic DDIM step on the uniform grid of its own step count, and a student that takes the guidance
+    scale as an input only within the range it was distilled on: anything else is a :class:`SpecError` that
+    names what it has.
+    """
+
+    defaults: SamplingSpec = SamplingSpec()
+    distilled_steps: int = 0
+    guidance_range: tuple[float, ...] = ()
+    name: str = "this model"
+
+    @classmethod
+    def of(cls, model, defaults: SamplingSpec | None = None, name: str | None = None) -> "SamplingRules":
+        """The rules of a :class:`ddim.config.ModelConfig`, with a bundle's recorded ``defaults`` if any."""
+        steps = model.distilled_steps
+        if defaults is None:
+            defaults = SamplingSpec(steps=steps) if steps else SamplingSpec()
+        return cls(defaults, steps, tuple(model.guidance_range), name or "this model")
+
+    @property
+    def distilled(self) -> bool:
+        return self.distilled_steps > 0
+
+    def resolve(self, spec: SamplingSpec | None = None, **fields: Any) -> SamplingSpec:
+        """``spec`` (default: :attr:`defaults`) with the given fields changed (``None`` keeps one), checked."""
+        resolved = SamplingSpec.of(spec if spec is not None else self.defaults, **fields)
+        self.check(resolved)
+        return resolved
+
+    def check(self, spec: SamplingSpec) -> SamplingSpec:
+        """``spec`` if this model can sample with it, else a :class:`SpecError` saying what it takes."""
+        if self.distilled:
+            steps = self.distilled_steps
+            if spec.steps != steps:
+                raise SpecError(f"{self.name} is distilled for {steps} steps and samples with no other count "
+                                f"(got {spec.steps})",
+                                f"{self.name} is distilled for --steps {steps} only (got --steps {spec.steps}); "
+                                "leave out --steps")
+            if (spec.sampler, spec.spacing, spec.eta) != ("ddim", "uniform", 0.0):
+                raise SpecError(f"{self.name} is distilled for deterministic DDIM steps on the uniform grid, not "
+                                f"sampler {spec.sampler!r}, spacing {spec.spacing!r}, eta {spec.eta:g}",
+                                f"{self.name} is distilled for --sampler ddim --spacing uniform --eta 0 only; "
+                                "leave those options out")
+        if self.guidance_range and spec.guidance is not None:
+            low, high = self.guidance_range
+            if not low <= spec.guidance <= high:
+                raise SpecError(f"{self.name} was distilled for guidance scales {low:g} to {high:g}, "
+                                f"not {spec.guidance:g}",
+                                f"{self.name} was distilled for --guidance {low:g} to {high:g} "
+                                f"(got {spec.guidance:g})")
+        return spec
+
+    def refuse_ode(self, verb: str) -> None:
+        """A student has no probability-flow ODE to run backwards or from part way: ``verb`` needs the teacher."""
+        if self.distilled:
+            raise SpecError(f"{self.name} is a distilled student: it samples from pure noise on its "
+                            f"{self.distilled_steps}-step grid and cannot {verb}; use the diffusion model it was "
+                            "distilled from",
+                            f"{self.name} is a distilled student and cannot {verb}; use the diffusion model it "
+                            "was distilled from")

@@ -17,12 +17,14 @@ from ddim.config import Config
 
 
 class LoadedCheckpoint(NamedTuple):
-    """What sampling needs of a checkpoint: its config, EMA variables, step and step directory."""
+    """What sampling needs of a checkpoint: its config, EMA variables, step and step directory, and for a bundled
+    model the sampling defaults its record names (a :class:`ddim.spec.SamplingSpec`; None: the plain ones)."""
 
     config: Config
     variables: dict[str, Any]
     step: int
     path: Path
+    defaults: Any = None
 
 
 def ema_variables(state_dict: dict[str, Any]) -> dict[str, Any]:

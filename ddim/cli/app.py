@@ -65,7 +65,7 @@ def user_errors() -> Iterator[None]:
     except UserError as error:
         if debug():
             traceback.print_exc()
-        fail(str(error))
+        fail(getattr(error, "cli_message", None) or str(error))  # a SpecError names the command's option
     except OSError as error:
         phrase = environment_error(error)
         if phrase is None or debug():
@@ -131,6 +131,25 @@ def sampling_spec(steps: int = DEFAULT_STEPS, sampler: str = "ddim", spacing: st
         fail(error.cli_message, code=2)
 
 
+def sampling_changes(steps: Optional[int] = None, sampler: Optional[str] = None, spacing: Optional[str] = None,
+                     eta: Optional[float] = None, guidance: Optional[float] = None) -> dict:
+    """The sampling options given on the command line (the rest come from the model: :func:`model_spec`), each
+    checked on its own first: a bad value exits with status 2 and one line naming its option."""
+    changes = {name: value for name, value in (("steps", steps), ("sampler", sampler), ("spacing", spacing),
+                                               ("eta", eta), ("guidance", guidance)) if value is not None}
+    try:
+        SamplingSpec(**changes)
+    except SpecError as error:
+        fail(error.cli_message, code=2)
+    return changes
+
+
+def model_spec(pipe, changes: dict) -> SamplingSpec:
+    """The model's default spec (``pipe.defaults``) with the options given changed, checked against what the model
+    takes (a distilled student its own step count); raises :class:`SpecError` (one line, naming the option)."""
+    return pipe.rules.resolve(None, **changes)
+
+
 @contextlib.contextmanager
 def progress_bar(total: int, description: str) -> Iterator:
     """A progress bar on stderr for ``total`` items; yields ``on_batch(n)``, to call after each ``n`` done."""
@@ -176,16 +195,26 @@ def pretrained_option():
                         "them); instead of --workdir/--checkpoint.")
 
 
+MODEL_DEFAULT = "Default: the model's own ({})."
+
+
+def steps_option(help: str = "Sampling steps (network calls per image)."):
+    return typer.Option(None, "--steps", help=f"{help} " + MODEL_DEFAULT.format(
+        f"{DEFAULT_STEPS}; a bundled model's best setting; a distilled student's step count, its only one"))
+
+
 def sampler_option():
-    return typer.Option("ddim", "--sampler", help=SAMPLER_HELP)
+    return typer.Option(None, "--sampler", help=f"{SAMPLER_HELP} " + MODEL_DEFAULT.format(
+        "ddim; a bundled model's best setting"))
 
 
 def spacing_option():
-    return typer.Option("uniform", "--spacing", help=SPACING_HELP)
+    return typer.Option(None, "--spacing", help=f"{SPACING_HELP} " + MODEL_DEFAULT.format(
+        "uniform; a bundled model's best setting"))
 
 
 def eta_option():
-    return typer.Option(0.0, "--eta", help="DDIM eta: 0 deterministic, 1 DDPM-like (DDIM eq. 16).")
+    return typer.Option(None, "--eta", help="DDIM eta: 0 deterministic (the default), 1 DDPM-like (DDIM eq. 16).")
 
 
 CLASS_HELP = ("Class-conditional checkpoints: a class name or id for every image, or repeated, one per image "
@@ -198,7 +227,8 @@ def class_option(help: str = CLASS_HELP):
 
 def guidance_option():
     return typer.Option(None, "--guidance", help="Class-conditional checkpoints: classifier-free guidance scale "
-                        "(1 plain conditional, the default; 0 unconditional; above 1 more like the class).")
+                        "(1 plain conditional; 0 unconditional; above 1 more like the class). Default: the model's "
+                        "own (1; a bundled model's best measured scale).")
 
 
 def describe_classes(pipe) -> str:

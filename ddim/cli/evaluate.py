@@ -21,9 +21,10 @@ from ddim.cli.app import (
     pretrained_workdir,
     require_positive,
     sampler_option,
-    sampling_spec,
+    sampling_changes,
     setup_runtime,
     spacing_option,
+    steps_option,
     user_errors,
     workdir_option,
 )
@@ -40,10 +41,10 @@ def eval_command(
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
     num: int = typer.Option(5000, "--num", "-n", help="Number of generated images."),
-    steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
-    eta: float = eta_option(),
-    sampler: str = sampler_option(),
-    spacing: str = spacing_option(),
+    steps: Optional[int] = steps_option(),
+    eta: Optional[float] = eta_option(),
+    sampler: Optional[str] = sampler_option(),
+    spacing: Optional[str] = spacing_option(),
     seed: int = typer.Option(0, "--seed", help="Random seed of the generated images and of the KID subsets."),
     only_class: Optional[str] = typer.Option(
         None, "--class",
@@ -94,7 +95,7 @@ def eval_command(
     for name, value in (("num", num), ("real-num", real_num)):
         if value is not None and value < 2:
             fail(f"--{name} must be >= 2 for KID and FID (got {value})", code=2)
-    spec = sampling_spec(steps, sampler, spacing, eta, guidance)
+    changes = sampling_changes(steps, sampler, spacing, eta, guidance)
     _check_choice("split", split, SPLITS)
     _check_choice("fid-net", fid_net, NETWORKS)
     _check_choice("kid-net", kid_net, NETWORKS)
@@ -104,7 +105,7 @@ def eval_command(
 
     with user_errors():
         request = EvalRequest(
-            source, num=num, spec=spec, seed=seed, batch_size=batch_size, real_num=real_num, split=split,
+            source, num=num, spec_changes=tuple(changes.items()), seed=seed, batch_size=batch_size, real_num=real_num, split=split,
             image_dir=data, real_stats=real_stats, fid_net=fid_net, kid_net=kid_net, fid_weights=fid_weights,
             inception_weights=inception_weights, workdir=pretrained_workdir(source), only_class=only_class,
         )

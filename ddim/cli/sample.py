@@ -26,9 +26,11 @@ from ddim.cli.app import (
     require_positive,
     sampler_tip,
     sampler_option,
-    sampling_spec,
+    model_spec,
+    sampling_changes,
     setup_runtime,
     spacing_option,
+    steps_option,
     user_errors,
     workdir_option,
 )
@@ -41,11 +43,11 @@ def sample(
     pretrained: Optional[str] = pretrained_option(),
     out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output directory for NNNN.png and grid.png."),
     num: int = typer.Option(16, "--num", "-n", help="Number of images."),
-    steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
+    steps: Optional[int] = steps_option(),
     seed: int = typer.Option(0, "--seed", help="Random seed (same seed, checkpoint and steps: same pixels)."),
-    eta: float = eta_option(),
-    sampler: str = sampler_option(),
-    spacing: str = spacing_option(),
+    eta: Optional[float] = eta_option(),
+    sampler: Optional[str] = sampler_option(),
+    spacing: Optional[str] = spacing_option(),
     classes: List[str] = class_option(),
     guidance: Optional[float] = guidance_option(),
     list_classes: bool = typer.Option(False, "--list-classes", help="Print the model's classes and exit."),
@@ -63,7 +65,7 @@ def sample(
     --guidance; classes.json then says which class each image is.
     """
     require_positive(num=num, steps=steps, batch_size=batch_size)
-    spec = sampling_spec(steps, sampler, spacing, eta, guidance)
+    changes = sampling_changes(steps, sampler, spacing, eta, guidance)
     source = checkpoint_source(workdir, checkpoint, pretrained)
     from ddim.sampling.outputs import check_sample_folder
 
@@ -81,8 +83,10 @@ def sample(
         if list_classes:
             typer.echo(describe_classes(pipe))
             return
+        spec = model_spec(pipe, changes)
         ids = pipe.class_ids(classes or None, num, seed) if pipe.classes or classes else None
-        for tip in (sampler_tip(steps, sampler, spacing), guidance_tip(pipe.pretrained, bool(pipe.classes), guidance)):
+        tips = [] if pipe.rules.distilled else [sampler_tip(spec.steps, spec.sampler, spec.spacing)]
+        for tip in tips + [guidance_tip(pipe.pretrained, bool(pipe.classes), guidance)]:
             if tip:
                 typer.echo(tip, err=True)
         with progress_bar(num, "sample") as on_batch:

@@ -17,6 +17,7 @@ from typing import Iterator, List, Optional
 import typer
 
 from ddim.cli.app import (
+    DEFAULT_STEPS,
     app,
     batch_size_option,
     checkpoint_option,
@@ -30,10 +31,13 @@ from ddim.cli.app import (
     overwrite_option,
     pretrained_option,
     require_positive,
+    SPACING_HELP,
     sampler_option,
+    sampling_changes,
     sampling_spec,
     setup_runtime,
     spacing_option,
+    steps_option,
     user_errors,
     workdir_option,
 )
@@ -118,8 +122,8 @@ def invert(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
-    steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
-    spacing: str = spacing_option(),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", help=STEPS_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
     classes: List[str] = class_option(INVERSION_CLASS_HELP),
     batch_size: int = batch_size_option(),
     overwrite: bool = overwrite_option("Replace an existing --out file."),
@@ -159,8 +163,8 @@ def reconstruct(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
-    steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
-    spacing: str = spacing_option(),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", help=STEPS_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
     classes: List[str] = class_option(INVERSION_CLASS_HELP),
     batch_size: int = batch_size_option(),
     overwrite: bool = overwrite_option(),
@@ -215,8 +219,8 @@ def interpolate(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
-    steps: int = typer.Option(20, "--steps", help=STEPS_HELP),
-    spacing: str = spacing_option(),
+    steps: Optional[int] = steps_option(STEPS_HELP),
+    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
     classes: List[str] = class_option(INTERPOLATION_CLASS_HELP),
     guidance: Optional[float] = guidance_option(),
     batch_size: int = batch_size_option(),
@@ -235,7 +239,7 @@ def interpolate(
     if len(classes) > 2:
         fail(f"--class: give one class for the whole path, or two (a start and an end class), not {len(classes)}",
              code=2)
-    spec = sampling_spec(steps, spacing=spacing, guidance=guidance)
+    changes = sampling_changes(steps, spacing=spacing, guidance=guidance)
     ends = [_endpoint(start, "--from"), _endpoint(end, "--to")]
     from ddim.images import prepare_output_dir
 
@@ -244,6 +248,9 @@ def interpolate(
         prepare_output_dir(out, names + ["interpolation.gif"], overwrite)
         pipe = _load(workdir, checkpoint, pretrained, compilation_cache)
         from ddim.images import save_gif, save_png
+        from ddim.sampling.pipeline import inversion_spec
+
+        spec = inversion_spec(None, rules=pipe.rules, **changes)
 
         # Checked before any inversion; an image end is inverted with the class its frame is decoded with.
         end_classes = pipe.class_space.ends(classes or None, spec) or (None, None)
@@ -262,9 +269,10 @@ def interpolate(
     typer.echo(f"wrote {frames} frames and interpolation.gif to {out}")
 
 
-def _sampling_options(steps: int, batch_size: int, sampler: str, spacing: str, eta: float, guidance=None):
+def _sampling_options(steps: Optional[int], batch_size: int, sampler: Optional[str], spacing: Optional[str],
+                      eta: Optional[float], guidance=None) -> dict:
     require_positive(steps=steps, batch_size=batch_size)
-    return sampling_spec(steps, sampler, spacing, eta, guidance)
+    return sampling_changes(steps, sampler, spacing, eta, guidance)
 
 
 @app.command()
@@ -276,11 +284,11 @@ def edit(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
-    steps: int = typer.Option(20, "--steps", help="Network calls from --strength down to a clean image."),
+    steps: Optional[int] = steps_option("Network calls from --strength down to a clean image."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the added noise."),
-    sampler: str = sampler_option(),
-    spacing: str = spacing_option(),
-    eta: float = eta_option(),
+    sampler: Optional[str] = sampler_option(),
+    spacing: Optional[str] = spacing_option(),
+    eta: Optional[float] = eta_option(),
     classes: List[str] = class_option(),
     guidance: Optional[float] = guidance_option(),
     batch_size: int = batch_size_option(),
@@ -288,7 +296,7 @@ def edit(
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Image-to-image (SDEdit): noise each image to --strength and denoise it into the model's world."""
-    spec = _sampling_options(steps, batch_size, sampler, spacing, eta, guidance)
+    changes = _sampling_options(steps, batch_size, sampler, spacing, eta, guidance)
     if not 0.0 < strength <= 1.0:
         fail(f"--strength must be in (0, 1] (got {strength})", code=2)
     _check_inputs(images)
@@ -302,8 +310,8 @@ def edit(
 
         started = time.perf_counter()
         with _notices():
-            edited = pipe.edit(_read(pipe, images), strength=strength, seed=seed, batch_size=batch_size, spec=spec,
-                               classes=classes or None)
+            edited = pipe.edit(_read(pipe, images), strength=strength, seed=seed, batch_size=batch_size,
+                               classes=classes or None, **changes)
         for image, name in zip(edited, names):
             save_png(image, out / name)
     typer.echo(f"wrote {len(images)} edited image(s) to {out} in {time.perf_counter() - started:.1f}s")
@@ -317,11 +325,11 @@ def inpaint(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
-    steps: int = typer.Option(20, "--steps", help="Sampling steps (network calls per image)."),
+    steps: Optional[int] = steps_option(),
     seed: int = typer.Option(0, "--seed", help="Random seed of the filled region."),
-    sampler: str = sampler_option(),
-    spacing: str = spacing_option(),
-    eta: float = eta_option(),
+    sampler: Optional[str] = sampler_option(),
+    spacing: Optional[str] = spacing_option(),
+    eta: Optional[float] = eta_option(),
     classes: List[str] = class_option(),
     guidance: Optional[float] = guidance_option(),
     batch_size: int = batch_size_option(),
@@ -329,7 +337,7 @@ def inpaint(
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
     """Fill the white region of --mask in each image consistently with the rest (the rest is kept)."""
-    spec = _sampling_options(steps, batch_size, sampler, spacing, eta, guidance)
+    changes = _sampling_options(steps, batch_size, sampler, spacing, eta, guidance)
     _check_inputs(images)
     _check_inputs([mask], "mask")
     names = _output_names(images)
@@ -342,8 +350,8 @@ def inpaint(
         from ddim.images import save_png
 
         with _notices():
-            filled = pipe.inpaint(_read(pipe, images), mask_pixels, seed=seed, batch_size=batch_size, spec=spec,
-                                  classes=classes or None)
+            filled = pipe.inpaint(_read(pipe, images), mask_pixels, seed=seed, batch_size=batch_size,
+                                  classes=classes or None, **changes)
         for image, name in zip(filled, names):
             save_png(image, out / name)
     typer.echo(f"wrote {len(images)} inpainted image(s) to {out}")

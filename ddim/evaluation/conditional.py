@@ -23,9 +23,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ddim.errors import InputError
 from ddim.evaluation import class_consistency as consistency
 from ddim.evaluation.features import EvaluationError, FeatureExtractor
 from ddim.evaluation.reference import labelled_real_features
+from ddim.sampling.classes import ClassSpace
 
 DATA_FREQUENCY = "data-frequency"
 UNCONDITIONAL = "unconditional"
@@ -87,25 +89,12 @@ def data_class_names(config, data_cache: str | os.PathLike) -> list[str]:
 
 
 def as_model_ids(plan: ClassPlan, labels, data_names) -> np.ndarray:
-    """Real ``labels`` (ids of ``data_names``) as the model's class ids, matched by name; -1 stays -1.
-
-    The identity for the data the model was trained on. A model trained on another copy of the
-    dataset lists the same classes in another order (a folder export of a TFDS dataset: a folder's
-    classes are its sorted subfolder names); matching by name scores it against the dataset itself.
-    A real class the model does not know raises :class:`EvaluationError`.
-    """
-    labels = np.asarray(labels)
-    data_names = list(data_names)
-    if not data_names or data_names == list(plan.names):
-        return labels
-    index = {name: model_id for model_id, name in enumerate(plan.names)}
-    present = np.unique(labels[labels >= 0])
-    unknown = [data_names[label] for label in present if label >= len(data_names) or data_names[label] not in index]
-    if unknown:
-        raise EvaluationError(f"the real images have classes the model was not trained on: "
-                              f"{', '.join(map(repr, unknown[:3]))}{' ...' if len(unknown) > 3 else ''}")
-    table = np.array([index.get(name, -1) for name in data_names], np.int64)
-    return np.where(labels >= 0, table[np.maximum(labels, 0)], -1).astype(labels.dtype)
+    """Real ``labels`` (ids of ``data_names``) as the model's class ids, matched by name; -1 stays -1
+    (:meth:`ddim.sampling.classes.ClassSpace.ids_of_data_labels`; an unknown class is an :class:`EvaluationError`)."""
+    try:
+        return ClassSpace(True, tuple(plan.names)).ids_of_data_labels(labels, data_names, "the real images")
+    except InputError as error:
+        raise EvaluationError(str(error)) from None
 
 
 def fit_on_real(plan: ClassPlan, config, extractor: FeatureExtractor, cache_dir: str | os.PathLike, log: Callable,

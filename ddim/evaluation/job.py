@@ -100,7 +100,7 @@ def evaluate(
     log = log or _log_stderr
     reference_stats = load_real_stats(request.real_stats) if request.real_stats is not None else None
     factories = _feature_factories(request, feature_extractor_factory, log)
-    checkpoint = _load_checkpoint(request, log)
+    checkpoint, request = _load_checkpoint(request, log)
     fid_extractor, kid_extractor = _networks(request, factories)
     # The classifier's real side first: with split "all", FID's reference then joins its cached train and val features.
     real_classes = _real_classes(checkpoint, fid_extractor, log, show_progress)
@@ -145,13 +145,16 @@ def _feature_factories(request: EvalRequest, injected: FeatureFactory | None, lo
     return factories
 
 
-def _load_checkpoint(request: EvalRequest, log: Log) -> _Checkpoint:
-    """The checkpoint's pipeline and its (writable) work directory; the real images' config."""
+def _load_checkpoint(request: EvalRequest, log: Log) -> tuple[_Checkpoint, EvalRequest]:
+    """The checkpoint's pipeline and its (writable) work directory, the real images' config; and ``request`` with
+    its spec resolved against the model."""
     import jax
 
     from ddim.sampling import load
 
     pipe = load(request.source)
+    spec = pipe.rules.resolve(request.spec, **dict(request.spec_changes))
+    request = dataclasses.replace(request, spec=spec, spec_changes=())
     classes = plan_classes(pipe, request.only_class, request.spec)  # refuses classes an unconditional model lacks
     workdir = Workdir(request.workdir) if request.workdir is not None else Workdir(workdir_of(pipe.path))
     _prepare_workdir(workdir)
@@ -165,7 +168,7 @@ def _load_checkpoint(request: EvalRequest, log: Log) -> _Checkpoint:
     )
     if classes is not None:
         log(f"classes: {classes.mode}, guidance {classes.guidance:g} ({len(classes.names)} classes)")
-    return _Checkpoint(pipe, workdir, config, classes)
+    return _Checkpoint(pipe, workdir, config, classes), request
 
 
 def _prepare_workdir(workdir: Workdir) -> None:

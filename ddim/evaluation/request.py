@@ -51,7 +51,11 @@ class EvalRequest:
 
     source: PathLike
     num: int = 5000
-    spec: SamplingSpec = SamplingSpec()
+    spec: SamplingSpec | None = None
+    """How to sample; None: the model's own defaults (a bundled model's best setting, a student's step count)."""
+    spec_changes: tuple[tuple[str, Any], ...] = ()
+    """Fields changed from :attr:`spec` (or the model's defaults), as ``(name, value)`` pairs: the command line's
+    options. The job resolves both against the loaded model (:meth:`ddim.spec.SamplingRules.resolve`)."""
     seed: int = 0
     batch_size: int = 64
     real_num: int | None = None
@@ -74,8 +78,8 @@ class EvalRequest:
                 raise EvaluationError(f"unknown {option} {value!r} (choose from {', '.join(NETWORKS)})")
         if self.num < 2:
             raise EvaluationError(f"the number of generated images must be >= 2 for KID and FID, got {self.num}")
-        if not isinstance(self.spec, SamplingSpec):
-            raise TypeError(f"spec must be a SamplingSpec, got {type(self.spec).__name__}")
+        if self.spec is not None and not isinstance(self.spec, SamplingSpec):
+            raise TypeError(f"spec must be a SamplingSpec or None, got {type(self.spec).__name__}")
         if self.batch_size < 1:
             raise EvaluationError(f"the batch size must be >= 1, got {self.batch_size}")
         if self.real_num is not None and self.real_num < 2:
@@ -99,17 +103,19 @@ class EvalRequest:
            weights: PathLike | None = None, **fields: Any) -> "EvalRequest":
         """A request from loose keywords, as :func:`evaluate_checkpoint` always took them.
 
-        ``steps``, ``sampler``, ``spacing`` and ``eta`` change ``spec`` (a bad
-        value is an :class:`EvaluationError`, as before); ``weights`` is
-        ``inception_weights``.
+        ``steps``, ``sampler``, ``spacing`` and ``eta`` change ``spec``, or
+        the model's defaults without one (a bad value is an
+        :class:`EvaluationError`, as before); ``weights`` is ``inception_weights``.
         """
+        changes = {name: value for name, value in (("steps", steps), ("sampler", sampler), ("spacing", spacing),
+                                                   ("eta", eta)) if value is not None}
         try:
-            spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta)
+            SamplingSpec.of(spec, **changes)
         except InputError as error:
             raise EvaluationError(str(error)) from None
         if weights is not None:
             fields["inception_weights"] = weights
-        return cls(source, spec=spec, **fields)
+        return cls(source, spec=spec, spec_changes=tuple(changes.items()), **fields)
 
     @property
     def networks(self) -> tuple[str, ...]:

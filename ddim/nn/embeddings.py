@@ -59,3 +59,26 @@ class ClassEmbedding(nn.Module):
             weights = jnp.asarray(mix, vectors.dtype)[:, None]
             vectors = (1.0 - weights) * vectors + weights * table(self.ids(labels_to))
         return vectors[:, None, None, :]
+
+
+GUIDANCE_FREQUENCIES = (0.05, 50.0)
+"""Lowest and highest frequency of the guidance scale's sinusoidal features: the lowest turns by 1.3 radians over
+scales 0 to 4, so the features tell every scale of the usual range apart."""
+
+
+class GuidanceEmbedding(nn.Module):
+    """The guidance scale ``w`` as an input (Meng et al. 2023, section 3.1: the student is conditioned on ``w``).
+
+    Sinusoidal features of ``w`` through a dense layer initialised to zero, ``(B, 1, 1, features)``, which the UNet
+    adds to the noise level's features: a student made from a teacher's weights starts as the teacher (its
+    conditional prediction at every ``w``) and learns how ``w`` changes it. ``guidance`` is ``(B,)`` scales, or
+    None for 1 (plain conditional sampling, the verbs' default).
+    """
+
+    features: int
+
+    @nn.compact
+    def __call__(self, guidance, batch: int):
+        scales = jnp.ones((batch,), jnp.float32) if guidance is None else jnp.asarray(guidance, jnp.float32)
+        sinusoids = sinusoidal_embedding(scales.reshape(-1, 1, 1, 1), self.features, *GUIDANCE_FREQUENCIES)
+        return nn.Dense(self.features, kernel_init=nn.initializers.zeros, name="project")(sinusoids)

@@ -18,7 +18,7 @@ from ddim import ops
 from ddim.config import ModelConfig
 from ddim.nn.attention import SelfAttention
 from ddim.nn.blocks import ResidualBlock
-from ddim.nn.embeddings import ClassEmbedding, sinusoidal_embedding
+from ddim.nn.embeddings import ClassEmbedding, GuidanceEmbedding, sinusoidal_embedding
 from ddim.nn.layers import Conv, compute_dtype
 
 
@@ -36,7 +36,9 @@ class UNet(nn.Module):
     (``model.class_embedding = "noise-features"``), so the class reaches every
     place the noise level does, or, as ADM, a unit-normal class vector is added
     to the output of the noise embedding's MLP that every block reads
-    (``"adm"``). Every hyperparameter comes
+    (``"adm"``). A distilled student with ``guidance_input`` also reads
+    ``cond["guidance"]`` (``(B,)`` scales; 1 when absent), added to the noise
+    level's features by :class:`GuidanceEmbedding`. Every hyperparameter comes
     from ``config`` (a :class:`ddim.config.ModelConfig`).
     """
 
@@ -70,6 +72,9 @@ class UNet(nn.Module):
             class_vectors = classes(labels, cond.get("label_to"), cond.get("label_mix"))
             if c.class_embedding == "noise-features":
                 noise_embedding = noise_embedding + class_vectors
+        if c.guidance_input:
+            noise_embedding = noise_embedding + GuidanceEmbedding(c.embedding_dims, name="guidance")(
+                (cond or {}).get("guidance"), batch)
         block_embedding = None
         if c.embedding_injection == "every-block":
             # ADM's time embedding: an MLP of the sinusoidal features, shared by every block.

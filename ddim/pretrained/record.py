@@ -119,6 +119,20 @@ def workdir_eval_file(step_dir: Path) -> Path:
     return Workdir.of_checkpoint(Path(step_dir).absolute().parent).eval_file
 
 
+def sampling_defaults(manifest):
+    """The :class:`ddim.spec.SamplingSpec` a bundled model samples with by default: its record's ``"defaults"``
+    (its best measured setting: steps, sampler, spacing, guidance), else None (the plain defaults)."""
+    from ddim.spec import SamplingSpec, SpecError
+
+    values = manifest.record.get("defaults")
+    if values is None:
+        return None
+    try:
+        return SamplingSpec(**values)
+    except (TypeError, SpecError) as error:
+        raise PretrainedError(f"the record of {manifest.name} has invalid sampling defaults {values!r}: {error}") from None
+
+
 def describe(manifest) -> list[str]:
     """``ddim pretrained``'s lines for one bundled model (a :class:`~ddim.pretrained.bundle.Manifest`)."""
     model, record = manifest.config.model, manifest.record

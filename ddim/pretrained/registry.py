@@ -110,7 +110,10 @@ def load_pretrained(name: str, root: str | os.PathLike | None = None):
     from ddim.checkpoint.ema import LoadedCheckpoint, check_fits_config
     from ddim.pretrained.bundle import read_variables
 
+    from ddim.pretrained.record import sampling_defaults
+
     manifest = find(name, root)
     variables = jax.tree.map(jnp.asarray, read_variables(manifest))
     check_fits_config(manifest.config, variables, manifest.directory)
-    return LoadedCheckpoint(manifest.config, variables, manifest.record.get("steps"), manifest.directory)
+    return LoadedCheckpoint(manifest.config, variables, manifest.record.get("steps"), manifest.directory,
+                            sampling_defaults(manifest))

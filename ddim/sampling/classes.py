@@ -28,6 +28,28 @@ class ClassSpace:
         names = model.class_names or tuple(str(i) for i in range(model.num_classes))
         return cls(True, tuple(names), tuple(model.class_counts))
 
+    def ids_of_data_labels(self, labels, data_names, what: str = "the images") -> np.ndarray:
+        """Labels of a dataset (ids of ``data_names``) as this model's class ids, matched by name; -1 stays -1.
+
+        The identity for the data the model was trained on. A model trained on another copy of the dataset lists
+        the same classes in another order (a folder export of a TFDS dataset: a folder's classes are its sorted
+        subfolder names); matching by name reads the dataset itself. A class the model does not know raises
+        :class:`InputError` (``what`` names the images in its message).
+        """
+        labels = np.asarray(labels)
+        data_names = list(data_names)
+        if not data_names or data_names == list(self.names):
+            return labels
+        index = {name: model_id for model_id, name in enumerate(self.names)}
+        present = np.unique(labels[labels >= 0])
+        unknown = [data_names[label] if label < len(data_names) else str(label) for label in present
+                   if label >= len(data_names) or data_names[label] not in index]
+        if unknown:
+            raise InputError(f"{what} have classes the model was not trained on: "
+                             f"{', '.join(map(repr, unknown[:3]))}{' ...' if len(unknown) > 3 else ''}")
+        table = np.array([index.get(name, -1) for name in data_names], np.int64)
+        return np.where(labels >= 0, table[np.maximum(labels, 0)], -1).astype(labels.dtype)
+
     def _refuse(self, what: str) -> InputError:
         return InputError(f"this model is not class-conditional (trained without model.class_conditional), "
                           f"so it takes no {what}")

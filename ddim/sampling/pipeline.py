@@ -22,7 +22,7 @@ from ddim.model import DiffusionModel
 from ddim.sampling import programs
 from ddim.sampling.classes import ClassSpace
 from ddim.sampling.inputs import check_latents, prepare_images, prepare_masks
-from ddim.spec import SamplingSpec
+from ddim.spec import SamplingRules, SamplingSpec
 
 OnBatch = Callable[[int], None]
 
@@ -40,16 +40,22 @@ class Reconstruction(NamedTuple):
     """The inputs as the model saw them (after any crop and resize), uint8."""
 
 
-def _inversion_spec(spec: SamplingSpec | None, steps: int | None, spacing: str | None,
-                    guidance: float | None = None) -> SamplingSpec:
-    """The spec of a deterministic DDIM pass (inversion and decoding): ``spec``'s steps, spacing and guidance."""
-    spec = SamplingSpec.of(spec, steps=steps, spacing=spacing, guidance=guidance)
-    return SamplingSpec(steps=spec.steps, spacing=spec.spacing, guidance=spec.guidance)
+def inversion_spec(spec: SamplingSpec | None, steps: int | None = None, spacing: str | None = None,
+                   guidance: float | None = None, rules: SamplingRules = SamplingRules()) -> SamplingSpec:
+    """The spec of a deterministic DDIM pass (inversion and decoding): ``spec``'s steps, spacing and guidance.
+
+    Without ``spec`` it starts from the plain defaults (DDIM's uniform grid), or a student's own step count; a
+    bundled model's sampler advice is for sampling, not for these passes."""
+    base = SamplingSpec(steps=rules.distilled_steps) if rules.distilled else None
+    spec = SamplingSpec.of(spec if spec is not None else base, steps=steps, spacing=spacing, guidance=guidance)
+    return rules.check(SamplingSpec(steps=spec.steps, spacing=spec.spacing, guidance=spec.guidance))
 
 
 class Pipeline:
     """A trained model and its verbs: generate, invert, reconstruct, interpolate, edit, inpaint.
 
+    Without a spec, the verbs sample with :attr:`defaults`: the plain :class:`SamplingSpec` defaults, a bundled
+    model's best measured setting, or a distilled student's own step count (:class:`ddim.spec.SamplingRules`).
     Every verb is jitted with static step counts (one compile per setting),
     batched (``batch_size`` bounds memory), deterministic for a seed, and runs
     on every device of the mesh. Images come back as uint8 ``(N, H, W, C)``.
@@ -60,10 +66,12 @@ class Pipeline:
     """
 
     def __init__(self, config: Config, variables: dict[str, Any], step: int | None = None, path: Path | None = None,
-                 pretrained: str | None = None):
+                 pretrained: str | None = None, defaults: SamplingSpec | None = None):
         self.config = config
         self.model = DiffusionModel(config.model)
         self.class_space = ClassSpace.of(config.model)
+        self.rules = SamplingRules.of(config.model, defaults, pretrained or config.name)
+        """What the verbs sample with when not told (``rules.defaults``) and what this model refuses."""
         self.variables = variables
         self.step = step
         self.path = path
@@ -72,6 +80,11 @@ class Pipeline:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return self.model.image_shape
+
+    @property
+    def defaults(self) -> SamplingSpec:
+        """The spec the verbs sample with when given none."""
+        return self.rules.defaults
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -100,8 +113,10 @@ class Pipeline:
         """Sample images with the EMA weights: uint8 ``(num_images, H, W, C)``.
 
         - ``num_images`` >= 1 (default 16, or the number of ``latents``).
-        - ``spec``: a :class:`ddim.spec.SamplingSpec` (default: 20 steps of
-          deterministic DDIM on the uniform grid); ``steps`` >= 1 is the cost of
+        - ``spec``: a :class:`ddim.spec.SamplingSpec` (default: :attr:`defaults`, the
+          model's own: 20 steps of deterministic DDIM on the uniform grid, a bundled
+          model's best measured setting, or a distilled student's step count, the
+          only one it takes); ``steps`` >= 1 is the cost of
           sampling; ``sampler`` is ``"ddim"`` (DDIM eq. 12), ``"dpmpp-2m"`` or
           ``"dpmpp-3m"`` (see :mod:`ddim.samplers`); ``spacing`` is ``"uniform"``,
           ``"logsnr"`` or ``"karras"``; ``eta`` >= 0 is DDIM's fresh noise per step
@@ -124,7 +139,7 @@ class Pipeline:
         count, an unknown sampler or spacing (listing the valid ones), a bad
         eta, or latents of the wrong shape or count.
         """
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
+        spec = self.rules.resolve(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         if latents is not None:
             latents = check_latents(latents, self.image_shape)
             if num_images is not None and num_images != len(latents):
@@ -151,7 +166,7 @@ class Pipeline:
         Same arguments as :meth:`generate`; the last frame is its sample. Shows
         how the reverse process settles the image, coarse to fine.
         """
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
+        spec = self.rules.resolve(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         if latents is None:
             if num_images < 1:
                 raise InputError(f"the number of images must be >= 1, got {num_images}")
@@ -180,7 +195,8 @@ class Pipeline:
         (Mokady et al. 2022, null-text inversion).
         Returns float32 latents ``(N, H, W, C)``. See :func:`ddim.sampling.process.invert`.
         """
-        spec = _inversion_spec(spec, steps, spacing)
+        self.rules.refuse_ode("invert images")
+        spec = inversion_spec(spec, steps, spacing)
         prepared, _ = self._prepare(images)
         cond = self.class_space.given(len(prepared), classes, cond)
         return self._invert(prepared, spec, batch_size, on_batch, cond)
@@ -198,7 +214,8 @@ class Pipeline:
         per-image mean squared error on [0, 1] pixels (the measure of the DDIM
         paper's Table 2), the latents and the inputs as the model saw them.
         """
-        spec = _inversion_spec(spec, steps, spacing)
+        self.rules.refuse_ode("reconstruct images")
+        spec = inversion_spec(spec, steps, spacing)
         prepared, _ = self._prepare(images)
         cond = self.class_space.given(len(prepared), classes, cond)
         latents = self._invert(prepared, spec, batch_size, cond=cond)
@@ -226,7 +243,7 @@ class Pipeline:
         :meth:`invert` uses by default. ``guidance`` (``spec.guidance``) guides
         every frame towards its class mix; it needs ``classes``.
         """
-        spec = _inversion_spec(spec, steps, spacing, guidance)
+        spec = inversion_spec(spec, steps, spacing, guidance, self.rules)
         a, b = check_latents(a, self.image_shape), check_latents(b, self.image_shape)
         if len(a) != 1 or len(b) != 1:
             raise InputError(f"interpolate takes one latent at each end, got {len(a)} and {len(b)}")
@@ -257,7 +274,9 @@ class Pipeline:
         if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating, np.integer)) \
                 or not 0.0 < strength <= 1.0:
             raise InputError(f"strength must be in (0, 1], got {strength!r}")
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
+        if strength != 1.0:
+            self.rules.refuse_ode("edit images from part way (SDEdit)")
+        spec = self.rules.resolve(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         prepared, _ = self._prepare(images)
         batch_size = programs.check_batch_size(batch_size, len(prepared))
         cond = self._condition(len(prepared), spec, classes, seed, cond)
@@ -279,7 +298,7 @@ class Pipeline:
         the result keeps the input's pixels. ``spec`` (or ``steps``, ``sampler``,
         ``spacing``, ``eta``) and ``seed`` as :meth:`generate`. Returns uint8 ``(N, H, W, C)``.
         """
-        spec = SamplingSpec.of(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
+        spec = self.rules.resolve(spec, steps=steps, sampler=sampler, spacing=spacing, eta=eta, guidance=guidance)
         prepared, sizes = self._prepare(images)
         masks = prepare_masks(mask, sizes, self.config.model.image_size)
         cond = self._condition(len(prepared), spec, classes, seed, cond)
@@ -312,7 +331,8 @@ def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] 
         if step is not None:
             raise InputError(f"a bundled model has one step; leave out step (got {step}) with {path!r}")
         loaded = load_pretrained(name)
-        return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path, pretrained=name)
+        return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path, pretrained=name,
+                        defaults=loaded.defaults)
     from ddim.checkpoint import load_ema
 
     loaded = load_ema(path, step, warn)

@@ -256,9 +256,10 @@ class SampleGrid(PeriodicAction):
     Written as ``<workdir>/samples/step_NNNNNNN.png`` and to TensorBoard.
     """
 
-    def __init__(self, config: Config, model: DiffusionModel, rng, workdir: Path, is_writer: bool):
+    def __init__(self, config: Config, model: DiffusionModel, rng, workdir: Path, is_writer: bool, steps=None):
         self.when = Every(epochs=config.train.eval_every, at_end=True)
         self.config, self.model, self.workdir, self.is_writer = config, model, workdir, is_writer
+        self.steps = steps or config.train.sample_steps  # a distilled student samples with its own step count
         self.seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
 
     def run(self, info: StepInfo) -> Report:
@@ -268,7 +269,7 @@ class SampleGrid(PeriodicAction):
         t = self.config.train
         started = time.perf_counter()
         images = generate_images(
-            self.model, state_lib.ema_variables(info.state), t.grid_rows * t.grid_cols, SamplingSpec(steps=t.sample_steps),
+            self.model, state_lib.ema_variables(info.state), t.grid_rows * t.grid_cols, SamplingSpec(steps=self.steps),
             seed=self.seed,
         )
         grid = make_grid(images, rows=t.grid_rows, cols=t.grid_cols)

@@ -1,0 +1,330 @@
+"""The distillation run: set it up (teacher, plan, data, resume), then train phase after phase.
+
+``distill(teacher, workdir)`` is the whole job; ``ddim distill`` is a thin wrapper. The loop only trains; logging,
+checkpoints and sample grids are the training loop's periodic actions (:mod:`ddim.train.actions`). A student work
+directory holds::
+
+    <workdir>/
+      checkpoints/<step>/        the student in training (Ctrl-C saves; the same command resumes)
+      students/<N>/checkpoints/  the student of every finished phase, N its step count: a work directory of its own
+                                 (ddim sample --workdir <workdir>/students/4)
+      distill.jsonl              the teacher, and the optimiser steps and seconds of every stretch of training
+      samples/, tensorboard/, data_cache/   as for ddim train
+
+The global step counts on across phases (:mod:`ddim.distill.plan`), the data order is a function of
+``(seed, epoch)`` and every step's noise of ``fold_in(key, step)``, so a resumed run trains as if it had not
+stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import jax
+
+from ddim import data as data_lib
+from ddim import parallel
+from ddim.checkpoint import Checkpointer, load_ema
+from ddim.config import Config, ConfigError, apply_overrides, from_dict, read_toml
+from ddim.distill import plan as plan_lib
+from ddim.distill.plan import Phase
+from ddim.distill.step import StepSettings, compiled_step, create_student_state
+from ddim.errors import UserError
+from ddim.model import DiffusionModel, init_variables
+from ddim.sampling.classes import ClassSpace
+from ddim.summary import Progress, Reporter
+from ddim.train import state as state_lib
+from ddim.train.actions import LogTrainMetrics, MetricsBuffer, SampleGrid, SaveCheckpoint, StepInfo, TrainingError
+from ddim.train.loop import MAX_STEPS_AHEAD, _say_stderr, _summary_writer
+from ddim.train.stop import StopRequest
+from ddim.workdir import Workdir, lock_for_training
+from ddim.workdir.records import append_record, read_records
+
+STUDENTS = "students"
+RECORDS = "distill.jsonl"
+
+
+def students_dir(workdir: str | Path, steps: int) -> Path:
+    """The work directory of the finished student of ``steps`` steps inside a distillation work directory."""
+    return Path(workdir) / STUDENTS / str(steps)
+
+
+def teacher_identity(source: str | Path) -> str:
+    """How ``distill.jsonl`` names a teacher: ``pretrained:NAME``, or the absolute path."""
+    from ddim.pretrained.registry import pretrained_name
+
+    return str(source) if pretrained_name(source) is not None else str(Path(source).absolute())
+
+
+def run_config(teacher: Config, config_file: str | Path | None = None, overrides=()) -> Config:
+    """The run's config: the teacher's, named ``<teacher>-distilled``, with ``config_file``'s ``[distill]`` section
+    (and ``name``) and then ``overrides`` (``section.key=value``, any section) applied."""
+    values = teacher.to_dict()
+    values["name"] = f"{teacher.name}-distilled"
+    if config_file is not None:
+        given = read_toml(config_file)
+        extra = sorted(set(given) - {"name", "distill"})
+        if extra:
+            raise ConfigError(f"a distillation config holds [distill] and name only (the rest is the teacher's); "
+                              f"{config_file} also has {', '.join(extra)} (use --set for those)")
+        values["name"] = given.get("name", values["name"])
+        values["distill"] = given.get("distill", {})
+    return from_dict(apply_overrides(values, list(overrides)))
+
+
+@dataclass
+class DistillResult:
+    """What a call of :func:`distill` did."""
+
+    start_step: int
+    final_step: int
+    interrupted: bool
+    students: dict[int, Path] = field(default_factory=dict)
+    """The finished students by step count (all there are in the work directory)."""
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def distill(teacher: str | Path, workdir: str | Path, config_file: str | Path | None = None, overrides=(),
+            log: Callable[[str], None] | None = None) -> DistillResult:
+    """Distil ``teacher`` (a work directory, checkpoint or ``"pretrained:NAME"``) into ``workdir``, or resume.
+
+    ``config_file`` and ``overrides`` set the ``[distill]`` section (:func:`run_config`); ``log`` receives the
+    progress lines (default: the progress display). Raises :class:`ddim.errors.UserError` subclasses, one line
+    each, for a bad teacher, bad settings or a work directory started otherwise.
+    """
+    workdir = Path(workdir)
+    lock = lock_for_training(workdir, warn=log)
+    try:
+        run = DistillationRun.prepare(teacher, workdir, config_file, overrides, log)
+        try:
+            return run.train()
+        finally:
+            run.close()
+    finally:
+        lock.release()
+
+
+@dataclass
+class DistillationRun:
+    """A distillation run set up by :meth:`prepare`: its teacher, plan, data and (resumed) state."""
+
+    config: Config
+    workdir: Path
+    teacher_model: DiffusionModel
+    teacher_variables: dict[str, Any]
+    phases: list[Phase]
+    train_images: Any
+    data_config: Config
+    steps_per_epoch: int
+    label_table: Callable
+    mesh: Any
+    checkpointer: Checkpointer
+    progress: Progress
+    reporter: Reporter
+    say: Callable[[str], None]
+    state: Any
+    start_step: int
+    rng: Any
+    grid_rng: Any
+    metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
+
+    @classmethod
+    def prepare(cls, teacher_source, workdir: Path, config_file, overrides, log) -> "DistillationRun":
+        from ddim.sampling import load
+
+        early_say = log or _say_stderr
+        teacher = load(teacher_source)
+        plan_lib.check_teacher(teacher.config.model, f"the teacher {teacher_source}")
+        config = run_config(teacher.config, config_file, overrides)
+        phases = plan_lib.plan(teacher.config.model, config)
+        _check_teacher_record(workdir, teacher_identity(teacher_source), teacher.step)
+        d = config.distill
+        # The data in the student's batch size and seed (the train section stays the teacher's record).
+        data_config = dataclasses.replace(config, train=dataclasses.replace(config.train, batch_size=d.batch_size,
+                                                                             seed=d.seed))
+        data = data_lib.load(data_config, workdir, ("train",), log=early_say)
+        space = teacher.class_space
+        if space.conditional and not data.num_classes:
+            raise UserError(f"the teacher is class-conditional, and {data.describe()} has no classes to distil it on")
+
+        def label_table(labels):
+            return space.ids_of_data_labels(labels, data.class_names) if space.conditional else labels
+
+        mesh = parallel.data_mesh()
+        parallel.check_batch_size(d.batch_size, mesh, "distill.batch_size")
+        rng, grid_rng = jax.random.split(jax.random.key(d.seed))
+        checkpointer = Checkpointer(Workdir(workdir).checkpoints, keep=config.train.keep_checkpoints)
+        try:
+            state, start_step = _resume(checkpointer, config, teacher.config.model, phases, mesh, log)
+        except BaseException:
+            checkpointer.close()
+            raise
+        total = phases[-1].end
+        progress = Progress(total, start_step, description=config.name)
+        say = log or progress.log
+        writer = _summary_writer(workdir, say) if start_step < total else None
+        say(f"distilling {teacher_source} (step {teacher.step}) into {workdir}: "
+            + "; ".join(f"{p.describe()} ({p.optimizer_steps} steps)" for p in phases)
+            + (f"; resuming from step {start_step}" if start_step else ""))
+        steps_per_epoch = data_lib.steps_per_epoch(data_config, len(data.train))
+        return cls(config, workdir, DiffusionModel(teacher.config.model), teacher.variables, phases, data.train,
+                   data_config, steps_per_epoch, label_table, mesh, checkpointer, progress, Reporter(writer, say),
+                   say, state, start_step, rng, grid_rng)
+
+    def batches(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
+        """Global batches from ``start_step`` on, labels as the teacher's class ids."""
+        for batch in data_lib.train_batches(self.train_images, self.data_config, start_step, self.steps_per_epoch):
+            batch = dict(batch, label=self.label_table(batch["label"]))
+            yield parallel.global_batch(batch, self.mesh)
+
+    def teacher_of(self, phase: Phase) -> tuple[DiffusionModel, dict[str, Any]]:
+        """The first phase's teacher is the run's; every later one is the previous phase's student."""
+        index = self.phases.index(phase)
+        if index == 0:
+            return self.teacher_model, self.teacher_variables
+        previous = load_ema(students_dir(self.workdir, self.phases[index - 1].student_steps))
+        return DiffusionModel(previous.config.model), previous.variables
+
+    def train(self) -> DistillResult:
+        step, stopped, last = self.start_step, False, {}
+        for phase in self.phases:
+            if step >= phase.end:
+                self._ensure_exported(phase, step)
+                continue
+            step, stopped = self.train_phase(phase, step)
+            last = self.metrics.last_mean
+            if stopped:
+                break
+            self._export(phase, self.state)
+        students = {p.student_steps: students_dir(self.workdir, p.student_steps) for p in self.phases
+                    if Workdir(students_dir(self.workdir, p.student_steps)).checkpoints.is_dir()}
+        if not stopped and self.start_step >= self.phases[-1].end:
+            self.say(f"already distilled to {self.phases[-1].student_steps} steps (step {step}); nothing to do")
+        return DistillResult(self.start_step, step, stopped, students, last)
+
+    def train_phase(self, phase: Phase, step: int) -> tuple[int, bool]:
+        """Train ``phase`` from global ``step`` to its end or a stop; returns the step reached and whether stopped."""
+        config = plan_lib.student_config(self.config, phase)
+        student = DiffusionModel(config.model)
+        teacher_model, teacher_variables = self.teacher_of(phase)
+        if step == phase.start:
+            self.state = create_student_state(student, teacher_variables, self.config, phase,
+                                              jax.random.fold_in(self.rng, phase.start), self.mesh)
+        teacher_variables = parallel.replicate(teacher_variables, self.mesh)
+        step_fn = compiled_step(StepSettings.of(student, teacher_model, self.config, phase), self.mesh)
+        log_config = dataclasses.replace(config, train=self.data_config.train)
+        actions = [LogTrainMetrics(log_config, self.metrics, self.progress),
+                   SaveCheckpoint(config, self.checkpointer, self.metrics)]
+        if config.train.eval_every:
+            actions.append(SampleGrid(config, student, self.grid_rng, self.workdir, True, steps=phase.student_steps))
+        self.say(f"{phase.describe()}: steps {step + 1} to {phase.end}")
+        started, action_seconds, first, info, stopped = time.perf_counter(), 0.0, step, None, False
+        batches = self.batches(step)
+        try:
+            with StopRequest(self.mesh) as stop:
+                while step < phase.end:
+                    step += 1
+                    self.state, metrics = step_fn(self.state, teacher_variables, next(batches), self.rng)
+                    self.metrics.append(metrics)
+                    self.metrics.bound_dispatch(MAX_STEPS_AHEAD)
+                    stopped = stop.agreed(step)
+                    seconds = time.perf_counter() - started - action_seconds
+                    info = StepInfo(step, phase.end, self.steps_per_epoch, self.state, seconds, stopped)
+                    action_seconds += self._run_actions(actions, info)
+                    if stopped:
+                        self.say(f"stopped at step {step}; checkpoint saved, run the same command to resume")
+                        break
+            self.checkpointer.wait()
+        except BaseException as error:
+            for action in actions:
+                try:
+                    action.finish(info, error)
+                except Exception:
+                    pass
+            raise
+        finally:
+            if info is not None:
+                append_record(Workdir(self.workdir).root / RECORDS, {
+                    "phase": phase.kind, "student_steps": phase.student_steps, "from_step": first,
+                    "to_step": info.step, "seconds": round(time.perf_counter() - started, 3),
+                    "loss": self.metrics.last_mean.get("loss")})
+        return step, stopped
+
+    def _run_actions(self, actions, info: StepInfo) -> float:
+        started = time.perf_counter()
+        for action in actions:
+            if action.due(info):
+                self.reporter.write(info.step, action.run(info))
+        return time.perf_counter() - started
+
+    def _export(self, phase: Phase, state) -> Path:
+        """Save ``state``, the end of ``phase``, as the student ``students/<N>`` (a checkpoint of its own)."""
+        target = students_dir(self.workdir, phase.student_steps)
+        checkpointer = Checkpointer(Workdir(target).checkpoints, keep=1)
+        try:
+            checkpointer.save(int(state.step), state_lib.state_to_dict(state), plan_lib.student_config(self.config, phase))
+        finally:
+            checkpointer.close()
+        self.say(f"{phase.describe()} done: the {phase.student_steps}-step student is {target} "
+                 f"(ddim sample --workdir {target})")
+        return target
+
+    def _ensure_exported(self, phase: Phase, step: int) -> None:
+        """A finished phase has its student; one missing (a stop between the last save and the export) is made
+        from the resumed state when that is the phase's end."""
+        if Workdir(students_dir(self.workdir, phase.student_steps)).checkpoints.is_dir():
+            return
+        if step != phase.end:
+            raise TrainingError(f"the {phase.student_steps}-step student of this run is missing from "
+                                f"{students_dir(self.workdir, phase.student_steps)}; use another --workdir")
+        self._export(phase, self.state)
+
+    def close(self) -> None:
+        try:
+            self.checkpointer.close()
+        finally:
+            self.reporter.close()
+            self.progress.close()
+
+
+def _check_teacher_record(workdir: Path, source: str, step: int | None) -> None:
+    """The first record of ``distill.jsonl`` names the teacher; a resumed run must have the same one."""
+    path = workdir / RECORDS
+    first = next(iter(read_records(path)), None)
+    if first is None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        append_record(path, {"teacher": source, "teacher_step": step})
+        return
+    if (first.get("teacher"), first.get("teacher_step")) != (source, step):
+        raise TrainingError(f"{workdir} distils {first.get('teacher')} (step {first.get('teacher_step')}), not "
+                            f"{source} (step {step}); give that teacher to resume, or use another --workdir")
+
+
+def _resume(checkpointer: Checkpointer, config: Config, teacher, phases: list[Phase], mesh, warn):
+    """``(state, step)`` of the newest intact checkpoint, checked against this run's settings; ``(None, 0)``."""
+
+    def restore(step: int):
+        stored = checkpointer.restore_config(step)
+        if stored.distill != config.distill:
+            changed = next(f.name for f in dataclasses.fields(config.distill)
+                           if getattr(stored.distill, f.name) != getattr(config.distill, f.name))
+            raise TrainingError(f"cannot resume {checkpointer.directory.parent}: distill.{changed} is "
+                                f"{getattr(config.distill, changed)!r} but the run was started with "
+                                f"{getattr(stored.distill, changed)!r}; run the same command, or use another --workdir")
+        phase = next(p for p in phases if p.start < step <= p.end)
+        student = DiffusionModel(plan_lib.student_model(teacher, config, phase))
+        # Any variables of the student's structure: the restore replaces their values.
+        shapes = init_variables(student, jax.random.key(0))
+        template = create_student_state(student, shapes, config, phase, jax.random.key(0), mesh)
+        return state_lib.restore_train_state(checkpointer, step, template)
+
+    found = checkpointer.restore(restore, warn=warn)
+    if found is None:
+        return None, 0
+    step, state = found
+    return state, step
+

@@ -1,0 +1,106 @@
+"""What a distillation run does, worked out from its config and its teacher before anything is trained.
+
+A run is a list of :class:`Phase`\\ s, each a span of optimiser steps with its own teacher and its own student:
+
+- stage one (``"guidance"``), when the teacher is class-conditional or predicts another target than the
+  student: the student learns the teacher's guided prediction with the guidance scale as an input (Meng et al.
+  2023), at the times of the teacher's ``start_steps``-step grid; its student samples in ``start_steps`` steps;
+- then one halving round (``"round"``) per factor 2 from ``start_steps`` down to ``end_steps`` (Salimans & Ho
+  2022, Algorithm 2), each student starting from its teacher's weights.
+
+The global step counts on across phases, so a checkpoint's step says which phase it belongs to and resuming is
+exact. JAX-free, so the command line checks a plan before it loads anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ddim.config import Config, ConfigError, ModelConfig
+
+GUIDANCE_STAGE = "guidance"
+ROUND = "round"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One span of a distillation run: ``kind``, the student's step count, and its optimiser steps ``(start, end]``."""
+
+    kind: str
+    student_steps: int
+    start: int
+    end: int
+
+    @property
+    def teacher_steps(self) -> int:
+        """The step count of the teacher's grid the student learns from (twice the student's in a round)."""
+        return self.student_steps if self.kind == GUIDANCE_STAGE else 2 * self.student_steps
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.end - self.start
+
+    def describe(self) -> str:
+        if self.kind == GUIDANCE_STAGE:
+            return f"stage one: the teacher at {self.student_steps} steps, guidance in one pass per step"
+        return f"round {self.teacher_steps} -> {self.student_steps} step{'s' if self.student_steps > 1 else ''}"
+
+
+def needs_guidance_stage(teacher: ModelConfig, config: Config) -> bool:
+    """Whether stage one runs: a guidance scale to fold in, or a prediction target to change."""
+    return teacher.class_conditional or teacher.prediction != config.distill.prediction
+
+
+def check_teacher(teacher: ModelConfig, where: str) -> None:
+    """A teacher must be a diffusion model (any step count), not a distilled student; else :class:`ConfigError`."""
+    if teacher.distilled_steps:
+        raise ConfigError(f"{where} is a distilled student ({teacher.distilled_steps} steps), not a diffusion model; "
+                          "distil from the model it was distilled from, or resume its own work directory")
+
+
+def plan(teacher: ModelConfig, config: Config) -> list[Phase]:
+    """The phases of distilling ``teacher`` with ``config.distill`` (validated by :func:`ddim.config.validate`)."""
+    d = config.distill
+    phases, step = [], 0
+    if needs_guidance_stage(teacher, config):
+        if not d.first_stage_steps:
+            raise ConfigError("distill.first_stage_steps is 0, but this teacher needs stage one (it is "
+                              "class-conditional or predicts another target than distill.prediction)")
+        phases.append(Phase(GUIDANCE_STAGE, d.start_steps, step, step + d.first_stage_steps))
+        step += d.first_stage_steps
+    steps = d.start_steps // 2
+    while steps >= d.end_steps:
+        phases.append(Phase(ROUND, steps, step, step + d.round_steps))
+        step += d.round_steps
+        steps //= 2
+    return phases
+
+
+def phase_at(phases: list[Phase], step: int) -> Phase:
+    """The phase a state at global ``step`` trains in next (the last phase once all are done)."""
+    for phase in phases:
+        if step < phase.end:
+            return phase
+    return phases[-1]
+
+
+def student_model(teacher: ModelConfig, config: Config, phase: Phase) -> ModelConfig:
+    """The student's model config in ``phase``: the teacher's network with the student's target, step count and,
+    for a class-conditional teacher, the guidance scale as an input over the distilled range."""
+    d = config.distill
+    guided = teacher.class_conditional
+    # Without stage one the teacher already predicts distill.prediction (needs_guidance_stage).
+    return dataclasses.replace(
+        teacher,
+        prediction=d.prediction,
+        guidance_input=guided,
+        guidance_range=(d.guidance_min, d.guidance_max) if guided else (),
+        distilled_steps=phase.student_steps,
+    )
+
+
+def student_config(config: Config, phase: Phase) -> Config:
+    """The config stored with the students of ``phase``: the run's (whose model is the teacher's), with the
+    student's model."""
+    return dataclasses.replace(config, model=student_model(config.model, config, phase))
