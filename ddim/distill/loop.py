@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import jax
+import numpy as np
 
 from ddim import data as data_lib
 from ddim import parallel
@@ -318,8 +319,9 @@ def _resume(checkpointer: Checkpointer, config: Config, teacher, phases: list[Ph
         phase = next(p for p in phases if p.start < step <= p.end)
         student = DiffusionModel(plan_lib.student_model(teacher, config, phase))
         # Any variables of the student's structure: the restore replaces their values.
-        shapes = init_variables(student, jax.random.key(0))
-        template = create_student_state(student, shapes, config, phase, jax.random.key(0), mesh)
+        shapes = jax.eval_shape(lambda: init_variables(student, jax.random.key(0)))
+        zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
+        template = create_student_state(student, zeros, config, phase, jax.random.key(0), mesh)
         return state_lib.restore_train_state(checkpointer, step, template)
 
     found = checkpointer.restore(restore, warn=warn)

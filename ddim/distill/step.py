@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from ddim import diffusion, parallel
+from ddim import diffusion, parallel, runtime
 from ddim.config import Config, ConfigError, DistillConfig
 from ddim.distill import targets
 from ddim.distill.plan import GUIDANCE_STAGE, Phase
@@ -34,7 +34,8 @@ def optimizer(settings: DistillConfig, steps: int) -> optax.GradientTransformati
 def student_variables(student: DiffusionModel, teacher_variables: dict[str, Any], rng) -> dict[str, Any]:
     """The teacher's variables in the student's structure: every teacher weight kept, the student's new ones (the
     guidance embedding, initialised to zero output) from their initialisers."""
-    fresh = jax.device_get(init_variables(student, rng))
+    init = jax.jit(functools.partial(init_variables, student))
+    fresh = jax.device_get(runtime.compile_for_one_call(init, rng)(rng))
     merged = {}
     for collection in ("params", "batch_stats"):
         given = traverse_util.flatten_dict(jax.device_get(teacher_variables[collection]))
