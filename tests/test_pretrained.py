@@ -346,7 +346,8 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
     record = manifest.record
     assert record["steps"] > 0 and record["images_seen"] == record["steps"] * record["batch_size"]
     assert record["hardware"], "a shipped model says what it was trained on"
-    assert record["fid"] and record["fid"]["value"] > 0 and record["fid"]["protocol"], "a shipped model has its FID"
+    assert [score for score in record["scores"] if score["fid"] is not None], "a shipped model has its FID"
+    assert record["recipe"].startswith("ddim train ") and record["wall_time"], "and says how to train it again"
     pipe = ddim.load(f"pretrained:{name}")
     images = pipe.generate(2, steps=2, seed=0)
     size = manifest.config.model.image_size
@@ -354,21 +355,20 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
     assert images.std() > 0
 
 
-def test_every_measured_best_guidance_names_a_bundled_class_conditional_model():
-    from ddim.pretrained.registry import BEST_GUIDANCE, BEST_GUIDANCE_MEASURED_ON
+def test_every_bundled_class_model_samples_at_its_best_measured_guidance_by_default():
+    from ddim.pretrained.record import find_score, default_setting
 
-    assert BEST_GUIDANCE.keys() == BEST_GUIDANCE_MEASURED_ON.keys()
-    for name, scale in BEST_GUIDANCE.items():  # a model replaced or removed must not keep its old advice silently
-        manifest = find(name, PACKAGE_ROOT)
-        assert manifest.config.model.class_conditional and scale >= 0
-        assert manifest.sha256.startswith(BEST_GUIDANCE_MEASURED_ON[name]), f"measure {name}'s best guidance again"
+    for manifest in available(PACKAGE_ROOT):  # a model replaced by an export has no defaults until measured again
+        defaults = manifest.record["defaults"]
+        assert manifest.config.model.class_conditional and defaults["guidance"] > 0
+        assert find_score(manifest.record, 1000, default_setting(manifest.record))["fid"] > 0, manifest.name
 
 
-def test_sample_of_a_bundled_class_model_tips_the_guidance_that_scored_best(tmp_path):
+def test_sample_of_a_bundled_class_model_tips_its_best_guidance_only_when_asked_another(tmp_path):
     result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "a", "--no-grid")
     assert result.exit_code == 0, result.output
-    assert "tip: on the bundled flowers32, --guidance 1.5 scored a better FID" in result.output
+    assert "tip: flowers32" not in result.output  # its default is its best scale
     result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "b",
-                    "--no-grid", "--guidance", 1.5)
+                    "--no-grid", "--guidance", 1)
     assert result.exit_code == 0, result.output
-    assert "tip: on the bundled" not in result.output  # the guidance was chosen (the one-step tip is the sampler's)
+    assert "tip: flowers32 scored its best FID at --guidance 1.5, its default" in result.output

@@ -20,24 +20,35 @@ pretrained_app = typer.Typer(
 app.add_typer(pretrained_app, name="pretrained")
 
 
+def markdown_option():
+    return typer.Option(False, "--markdown", help="One Markdown table, a column per model, and the command "
+                        "behind each figure (what the user guide's 'Bundled models' page shows).")
+
+
 @pretrained_app.callback(invoke_without_command=True)
-def pretrained(ctx: typer.Context):
+def pretrained(ctx: typer.Context, as_markdown: bool = markdown_option()):
     """Models bundled with ddim: list them (the default), or export a checkpoint as one.
 
     Use one with --pretrained NAME (sample, eval, serve, the tools) or ddim.load("pretrained:NAME").
     """
     if ctx.invoked_subcommand is None:
-        list_models(as_json=False)
+        list_models(as_json=False, as_markdown=as_markdown)
 
 
 @pretrained_app.command("list")
 def list_models(as_json: bool = typer.Option(False, "--json", help="One JSON object per model: name, "
-                                             "directory, sha256, bytes, parameters, record.")):
-    """List the bundled models with their training records (the first is the default)."""
+                                             "directory, sha256, bytes, parameters, record."),
+                as_markdown: bool = markdown_option()):
+    """List the bundled models: how each was trained, its default setting and what it scores (the first is
+    the default model)."""
     from ddim.pretrained import available, bundled_root, describe
+    from ddim.pretrained.record import markdown_table
 
     with user_errors():
         models = available()
+    if as_markdown:
+        typer.echo(markdown_table(models), nl=False)
+        return
     if as_json:
         for model in models:
             typer.echo(json.dumps({"name": model.name, "directory": str(model.directory), "sha256": model.sha256,

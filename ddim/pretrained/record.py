@@ -1,10 +1,26 @@
-"""How a bundled model was made: its training record, built from the checkpoint and the work directory.
+"""How a bundled model was made and what it scores: its record, the one place these facts live.
 
-Only facts go in: the step and config come from the checkpoint, the images seen
-are ``step x train.batch_size``, the checkpoint's date is orbax's commit time,
-and the FID is a line of the work directory's ``eval.jsonl`` (``ddim eval``) or
-a value passed in together with how it was measured. What is not known (the
-hardware, when not passed in; an FID never measured) stays ``None``.
+``ddim pretrained export`` writes the training record: the step and config come
+from the checkpoint, the images seen are ``step x train.batch_size``, the
+checkpoint's date is orbax's commit time, and the FID is a line of the work
+directory's ``eval.jsonl`` (``ddim eval``) or a value passed in together with how
+it was measured. What is not known (the hardware, when not passed in; an FID
+never measured) stays ``None``.
+
+A shipped model's record adds what was measured on it after export (the
+fields ``ddim pretrained`` and docs/models.md show; nothing is filled in by
+guesswork, and a score still to measure has ``"fid": null``)::
+
+    "recipe":   the command that trained it           "data":      the images, in words
+    "hardware": what it trained on                    "wall_time": how long, in words
+    "defaults": {"steps", "sampler", "spacing", "eta", "guidance"}: its best measured setting,
+                what ``ddim sample --pretrained NAME`` uses when no option is given
+    "scores":   [{"num", "steps", "sampler", "spacing", "eta", "guidance", "seed", "split", "real_num",
+                  "fid", "kid", "class_accuracy", "real_class_accuracy", "source", "measured"}, ...]:
+                ``ddim eval --split all`` figures (standard FID Inception, against all the real images at the
+                model's size); ``source`` is the raw line's file under docs/results/
+    "guidance": why the default scale is the best measured one, in words
+    "advice":   which sampler for fewer steps, in words
 """
 
 from __future__ import annotations
@@ -119,6 +135,14 @@ def workdir_eval_file(step_dir: Path) -> Path:
     return Workdir.of_checkpoint(Path(step_dir).absolute().parent).eval_file
 
 
+PLAIN = {"steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": 1.0}
+"""The setting of a model with no recorded defaults (a run of your own): 20 deterministic DDIM steps on the uniform
+grid, guidance 1. Scores at it compare a bundled model with such runs."""
+QUICK_NUM, FULL_NUM = 1000, 5000
+"""The two protocols: 1,000 samples (a quick look, minutes) and 5,000 (``ddim eval``'s default, the table's lead)."""
+_SETTING = ("steps", "sampler", "spacing", "eta", "guidance")
+
+
 def sampling_defaults(manifest):
     """The :class:`ddim.spec.SamplingSpec` a bundled model samples with by default: its record's ``"defaults"``
     (its best measured setting: steps, sampler, spacing, guidance), else None (the plain defaults)."""
@@ -133,27 +157,191 @@ def sampling_defaults(manifest):
         raise PretrainedError(f"the record of {manifest.name} has invalid sampling defaults {values!r}: {error}") from None
 
 
+def default_setting(record: dict[str, Any]) -> dict[str, Any]:
+    """The setting a model samples with when no option is given: its record's ``defaults``, else :data:`PLAIN`."""
+    defaults = record.get("defaults")
+    if not defaults:
+        return dict(PLAIN)
+    return {**PLAIN, **defaults, "guidance": defaults.get("guidance") if defaults.get("guidance") is not None else 1.0}
+
+
+def best_guidance(record: dict[str, Any], class_conditional: bool) -> float | None:
+    """The guidance scale a record names as the model's best (its defaults' scale), else None (never measured)."""
+    defaults = record.get("defaults") or {}
+    if not class_conditional or defaults.get("guidance") is None:
+        return None
+    return float(defaults["guidance"])
+
+
+def score_from_eval(line: dict[str, Any], source: str | None = None) -> dict[str, Any]:
+    """A ``"scores"`` entry from one ``eval.jsonl`` line of ``ddim eval --split all`` (``source``: where it is kept)."""
+    return {
+        "num": line["num"], "steps": line["steps"], "sampler": line.get("sampler", "ddim"),
+        "spacing": line.get("spacing", "uniform"), "eta": float(line.get("eta", 0.0)),
+        "guidance": float(line["guidance"]) if line.get("guidance") is not None else 1.0,
+        "seed": line.get("seed", 0), "split": line.get("split"), "real_num": line.get("real_num"),
+        "fid": line.get("fid"), "kid": line.get("kid_mean"), "class_accuracy": line.get("class_accuracy"),
+        "real_class_accuracy": line.get("real_val_class_accuracy"), "source": source,
+        "measured": str(line.get("time", ""))[:10] or None,
+    }
+
+
+def find_score(record: dict[str, Any], num: int, setting: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's score of ``num`` samples at ``setting`` (steps, sampler, spacing, eta, guidance), else None."""
+    wanted = {**PLAIN, **setting}
+    for score in record.get("scores") or ():
+        if score.get("num") == num and all(_same(_value(score, key), wanted[key]) for key in _SETTING):
+            return score
+    return None
+
+
+def _value(score: dict[str, Any], key: str) -> Any:
+    return PLAIN[key] if score.get(key) is None else score[key]  # an unconditional model's guidance is null
+
+
+def _same(a: Any, b: Any) -> bool:
+    return float(a) == float(b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else a == b
+
+
+def describe_setting(setting: dict[str, Any]) -> str:
+    """``20 steps of dpmpp-2m (logsnr grid), guidance 1.5``."""
+    text = f"{setting['steps']} steps of {setting['sampler']} ({setting['spacing']} grid)"
+    if setting.get("eta"):
+        text += f", eta {setting['eta']:g}"
+    return text + f", guidance {setting['guidance']:g}"
+
+
+def eval_command(name: str, num: int, setting: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """The ``ddim eval`` command that measures ``num`` samples of the bundled model ``name`` at ``setting``."""
+    options = [f"--{key} {setting[key]:g}" if isinstance(setting[key], float) else f"--{key} {setting[key]}"
+               for key in _SETTING if not _same(setting[key], defaults[key])]
+    return " ".join([f"ddim eval --pretrained {name} --num {num} --split all", *options])
+
+
+def _figures(score: dict[str, Any] | None) -> str:
+    if score is None or score.get("fid") is None:
+        return "not measured"
+    text = f"{score['fid']:.1f}"
+    return text + (f" / {score['kid']:.4f}" if score.get("kid") is not None else " / KID not measured")
+
+
+def _class_accuracy(score: dict[str, Any] | None) -> str | None:
+    if score is None or score.get("class_accuracy") is None:
+        return None
+    text = f"{100 * score['class_accuracy']:.1f} % of {score['num']:,} samples"
+    if score.get("real_class_accuracy") is not None:
+        text += f" (real images: {100 * score['real_class_accuracy']:.1f} %)"
+    return text
+
+
+def network_summary(config: Config, parameters: int, weights_bytes: int) -> str:
+    """The network in words, from the config that rebuilds it."""
+    model = config.model
+    parts = [f"UNet, widths {'/'.join(str(w) for w in model.widths)}, {model.block_depth} residual blocks per level"]
+    if model.embedding_injection == "every-block":
+        parts.append("noise level in every block")
+    if model.class_conditional:
+        parts.append("ADM class embedding" if model.class_embedding == "adm" else "class in the noise features")
+    if model.attention_resolutions:
+        parts.append(f"attention at {', '.join(f'{s}x{s}' for s in model.attention_resolutions)}")
+    if model.prediction != "noise":
+        parts.append(f"{model.prediction} prediction")
+    return ", ".join(parts) + f"; {parameters:,} parameters ({_megabytes(weights_bytes)})"
+
+
+def facts(manifest) -> list[tuple[str, str]]:
+    """``(label, text)`` rows of one bundled model: what ``ddim pretrained`` prints and docs/models.md shows."""
+    model, record = manifest.config.model, manifest.record
+    kind = f"class-conditional, {len(model.class_names)} classes" if model.class_conditional else "unconditional"
+    rows = [("images", f"{model.image_size}x{model.image_size}, {kind}"),
+            ("network", network_summary(manifest.config, manifest.parameters, manifest.bytes))]
+    images = record.get("images_seen")
+    trained = f"config {record.get('config')}"
+    if isinstance(images, int):
+        trained += f", {record.get('steps'):,} steps, {images:,} images seen"
+    trained += f", on {record.get('hardware') or 'unrecorded hardware'}"
+    rows.append(("trained", trained))
+    if record.get("wall_time"):
+        rows.append(("wall time", record["wall_time"]))
+    for label in ("recipe", "data"):
+        if record.get(label):
+            rows.append((label, record[label]))
+    defaults = default_setting(record)
+    scored = bool(record.get("scores"))
+    if record.get("defaults"):
+        rows.append(("defaults", describe_setting(defaults)))
+    if scored:
+        for num in (FULL_NUM, QUICK_NUM):
+            rows.append((f"FID / KID, {num:,} samples at the defaults", _figures(find_score(record, num, defaults))))
+        accuracy = _class_accuracy(find_score(record, FULL_NUM, defaults)) or _class_accuracy(
+            find_score(record, QUICK_NUM, defaults))
+        if model.class_conditional:
+            rows.append(("class accuracy at the defaults", accuracy or "not measured"))
+        if defaults != PLAIN:
+            plain = [f"{_figures(score)} ({num:,} samples)" for num in (FULL_NUM, QUICK_NUM)
+                     if (score := find_score(record, num, PLAIN)) is not None]
+            if plain:
+                rows.append((f"FID / KID, {describe_setting(PLAIN)}", "; ".join(plain)))
+    else:
+        fid = record.get("fid")
+        rows.append(("FID", f"{fid['value']:.2f} ({fid['protocol']})" if fid else "not measured"))
+    for label in ("guidance", "advice"):
+        if record.get(label):
+            rows.append(("best guidance" if label == "guidance" else "fewer steps", record[label]))
+    rows.append(("weights", f"{_megabytes(manifest.bytes)}, sha256 {manifest.sha256}"))
+    return rows
+
+
 def describe(manifest) -> list[str]:
     """``ddim pretrained``'s lines for one bundled model (a :class:`~ddim.pretrained.bundle.Manifest`)."""
-    model, record = manifest.config.model, manifest.record
+    model = manifest.config.model
     size = f"{model.image_size}x{model.image_size}"
     kind = f"class-conditional, {len(model.class_names)} classes" if model.class_conditional else "unconditional"
-    images = record.get("images_seen")
-    trained = (f"trained: config {record.get('config')}, {record.get('steps')} steps, "
-               f"{images:,} images seen" if isinstance(images, int) else f"trained: config {record.get('config')}")
-    trained += f", on {record.get('hardware') or 'unrecorded hardware'}"
-    if record.get("checkpoint_date"):
-        trained += f"; checkpoint of {record['checkpoint_date']}"
-    if record.get("recipe"):
-        trained += f"; recipe: {record['recipe']}"
-    fid = record.get("fid")
-    measured = f"FID {fid['value']:.2f} ({fid['protocol']})" if fid else "FID: not measured"
-    return [
-        f"{manifest.name}: {size} images, {manifest.parameters:,} parameters, {kind}",
-        f"  {trained}",
-        f"  {measured}",
-        f"  weights {_megabytes(manifest.bytes)}, sha256 {manifest.sha256}",
-    ]
+    lines = [f"{manifest.name}: {size} images, {kind}"]
+    lines += [f"  {label}: {text}" for label, text in facts(manifest)[1:]]
+    return lines
+
+
+def protocol_lines(manifests) -> list[str]:
+    """How the table's figures were measured, and the command that measures each (Markdown)."""
+    real = {score.get("real_num") for manifest in manifests for score in manifest.record.get("scores") or ()}
+    against = (f"all {real.pop():,} real images" if len(real) == 1 and None not in real else "all the real images")
+    lines = [f"FID and KID: `ddim eval --split all`, the standard FID Inception against {against} at the "
+             "model's size, seed 0, with the number of samples and the setting of each row. The command behind "
+             "each figure:", ""]
+    for manifest in manifests:
+        record = manifest.record
+        defaults = default_setting(record)
+        for score in record.get("scores") or ():
+            setting = {key: _value(score, key) for key in _SETTING}
+            where = f"; raw line in `{score['source']}`" if score.get("source") else ""
+            figure = _figures(score)
+            lines.append(f"- `{manifest.name}`, {score['num']:,} samples, {describe_setting(setting)} ({figure}"
+                         f"{where}): `{eval_command(manifest.name, score['num'], setting, defaults)}`")
+    return lines
+
+
+def markdown_table(manifests) -> str:
+    """The bundled models as one Markdown table, a column per model (the first is the default), then how its
+    figures were measured: what docs/models.md includes and ``ddim pretrained --markdown`` prints."""
+    manifests = list(manifests)
+    if not manifests:
+        return "No model is bundled with this installation.\n"
+    columns = [facts(manifest) for manifest in manifests]
+    labels = list(dict.fromkeys(label for rows in columns for label, _ in rows))
+    names = [f"`{m.name}`" + (" (the default)" if number == 0 else "") for number, m in enumerate(manifests)]
+    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(manifests)]
+    for label in labels:
+        cells = []
+        for rows in columns:
+            text = dict(rows).get(label, "")
+            cells.append(f"`{text}`" if label == "recipe" and text else _escape(text))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""] + protocol_lines(manifests)) + "\n"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def _megabytes(count: int) -> str:

@@ -19,20 +19,11 @@ from ddim.pretrained.errors import PretrainedError
 
 PREFIX = "pretrained:"
 PREFERRED_DEFAULT = "flowers64"
-"""The default model when it is bundled: the larger one (64x64: FID 40.4 at 5,000 samples, 50.0 at 1,000;
-flowers32 scores 19.6 and 32.2 against the 32x32 images, not comparable across sizes), listed first."""
+"""The default model when it is bundled, listed first: the larger one (64x64; FIDs of models of different sizes
+are not comparable, so the choice is the image size, not a score)."""
 ENV = "DDIM_PRETRAINED_DIR"
 PACKAGE_ROOT = Path(__file__).parent
 """Where the package's own bundled models lie (``ddim/pretrained/<name>/``)."""
-BEST_GUIDANCE: dict[str, float] = {"flowers64": 2.0, "flowers32": 1.5}
-"""The guidance scale that scored the best FID on each bundled class-conditional model (docs/classes.md; 1,000
-samples, 20 ddim steps, against all Flowers images at the model's size): flowers64 39.2 at 2 against 50.0 at the
-default 1 (the asked class in 80 % of images against 40 %), flowers32 30.6 at 1.5 against 32.1 (80 % against
-62 %; 1.25 is level at 30.5, with 74 %). ``ddim sample`` tips it and the web page's slider names it; a model
-missing here (a run of your own) has no measured best scale."""
-BEST_GUIDANCE_MEASURED_ON: dict[str, str] = {"flowers64": "ed7a1e3b0a8be920", "flowers32": "a1d709f0be29b2c6"}
-"""The first 16 hex digits of the SHA-256 of the weights each :data:`BEST_GUIDANCE` scale was measured on: a
-bundle replaced without measuring its scale again fails the tests instead of keeping old advice."""
 NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 """A model's name: it is a directory and follows ``pretrained:``."""
 
@@ -80,8 +71,23 @@ def default_model(root: str | os.PathLike | None = None) -> Manifest | None:
 
 
 def best_guidance(name: str | None) -> float | None:
-    """The measured best guidance scale of the bundled model ``name`` (:data:`BEST_GUIDANCE`), else None."""
-    return BEST_GUIDANCE.get(name)
+    """The best measured guidance scale of the bundled model ``name``: its record's default scale (a
+    class-conditional model whose record names defaults), else None (a run of your own; a model nobody measured)."""
+    from ddim.pretrained.record import best_guidance as recorded_best
+
+    if name is None or not NAME.fullmatch(name) or not (bundled_root() / name / MANIFEST).is_file():
+        return None
+    manifest = find(name)
+    return recorded_best(manifest.record, manifest.config.model.class_conditional)
+
+
+def __getattr__(attribute: str):
+    """``BEST_GUIDANCE``: the bundled models' best measured guidance scales by name, read from their records (the
+    one place they are kept)."""
+    if attribute == "BEST_GUIDANCE":
+        return {manifest.name: scale for manifest in available()
+                if (scale := best_guidance(manifest.name)) is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
 
 
 def pretrained_name(source: Any) -> str | None:
