@@ -95,31 +95,24 @@ SPACING_HELP = ("Time grid: " + "; ".join(f"{name} ({summary})" for name, summar
 
 
 def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
-    """A one-line hint when the sampler and grid chosen for this many steps are not those that scored the best
-    FID: with few steps, dpmpp-2m on the log-SNR grid; from there to 50 steps, the uniform grid."""
-    if steps <= FEW_STEPS:
-        if (sampler, spacing) == FEW_STEPS_BEST:
-            return None
-        return (f"tip: with {FEW_STEPS} steps or fewer, --sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]} "
-                "scored the best FID of samples on the bundled flowers32 (5 steps: 32.5 against 40.0 for "
-                "ddim/uniform; docs/sampling.md)")
-    if spacing == FID_BEST_SPACING or steps >= TIP_BELOW_STEPS:
+    """One sentence when few steps are asked of a sampler and grid that did worse there than dpmpp-2m on the
+    log-SNR grid (the best FID at 5 and 10 steps on flowers32; docs/sampling.md), else None. From 20 steps on
+    the choice is within 1 FID on the bundled models, so it gets no tip."""
+    if steps > FEW_STEPS or (sampler, spacing) == FEW_STEPS_BEST:
         return None
-    return (f"tip: by the FID of samples at 20 steps, the {spacing} grid scored far worse than --spacing "
-            f"{FID_BEST_SPACING} on briefly trained models (111.6 against 92.6) and within 1 of it on long-trained "
-            "ones, though it is closer to the converged ODE solution (docs/sampling.md)")
+    return (f"tip: at {FEW_STEPS} steps or fewer, --sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]} "
+            "gives better images (docs/sampling.md)")
 
 
 def guidance_tip(pretrained: str | None, class_conditional: bool, guidance: Optional[float]) -> str | None:
-    """A one-line hint when a bundled class-conditional model whose best guidance scale was measured
-    (:data:`ddim.pretrained.registry.BEST_GUIDANCE`) is sampled at the default guidance."""
+    """One sentence when a bundled class-conditional model is asked for another guidance scale than its best
+    measured one (its record's default scale, :func:`ddim.pretrained.registry.best_guidance`), else None."""
     from ddim.pretrained.registry import best_guidance
 
-    best = best_guidance(pretrained)
-    if best is None or not class_conditional or guidance is not None:
+    best = best_guidance(pretrained) if class_conditional and guidance is not None else None
+    if best is None or guidance == best:
         return None
-    return (f"tip: on the bundled {pretrained}, --guidance {best:g} scored a better FID than the "
-            "default 1 and shows the asked class more often (docs/classes.md)")
+    return f"tip: {pretrained} scored its best FID at --guidance {best:g}, its default (docs/models.md)"
 
 
 def sampling_spec(steps: int = DEFAULT_STEPS, sampler: str = "ddim", spacing: str = "uniform", eta: float = 0.0,
