@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 import ddim
-from ddim.spec import SamplingSpec
+from ddim.spec import SamplingRules, SamplingSpec
 from ddim.ui.checks import sampling_spec, spec_ranges
 from ddim.ui.command import cli_command
 from ddim.ui.workbench import CLI_BATCH_SIZE, MAX_SEED, Limits, UIError, Upload, Workbench, describe_devices
@@ -250,6 +250,7 @@ class RecordingPipeline:
         self.variables = {"params": {}}
         self.class_space = ClassSpace(True, tuple(classes), tuple(counts or ())) if classes else ClassSpace(False)
         self.classes = self.class_space.names
+        self.rules = SamplingRules()  # a diffusion model's: the plain defaults, any spec
         self.specs, self.calls = [], []
 
     def class_ids(self, classes, num_images, seed=0):

@@ -25,21 +25,34 @@ GUIDANCE_INFO = "classifier-free guidance: 1 is plain conditional sampling, 0 ig
 ANY_CLASS_LABEL = "any: drawn from the seed, as often as in the training data"
 
 
-def steps_slider(tab: str, limit: int, value: int = DEFAULTS.steps):
-    return gr.Slider(1, limit, value=min(value, limit), step=1, label="steps (network calls per image)",
-                     elem_id=f"{tab}-steps")
+def steps_slider(tab: str, limit: int, value: int = DEFAULTS.steps, fixed: bool = False):
+    label = "steps (the distilled model's own count, its only one)" if fixed else "steps (network calls per image)"
+    return gr.Slider(1, max(limit, value) if fixed else limit, value=value if fixed else min(value, limit), step=1,
+                     label=label, interactive=not fixed, elem_id=f"{tab}-steps")
 
 
-def sampler_controls(tab: str, limit: int, stochastic: bool = True):
-    """Steps, sampler, spacing and (for the verbs that take it) eta; returns them in the verbs' order."""
-    steps = steps_slider(tab, limit)
+def sampler_controls(tab: str, limit: int, stochastic: bool = True, workbench: Workbench | None = None):
+    """Steps, sampler, spacing and (for the verbs that take it) eta; returns them in the verbs' order.
+
+    They start at the model's defaults (``workbench.pipeline.defaults``: a bundled model's best setting; for the
+    deterministic verbs, DDIM's uniform grid), as the command line without options; a distilled student's are
+    fixed at its own step count and sampler.
+    """
+    defaults, fixed = DEFAULTS, False
+    if workbench is not None:
+        from ddim.sampling.pipeline import inversion_spec
+
+        rules = workbench.pipeline.rules
+        defaults = rules.defaults if stochastic else inversion_spec(None, rules=rules)
+        fixed = rules.distilled
+    steps = steps_slider(tab, limit, defaults.steps, fixed)
     with gr.Row():
-        sampler = gr.Dropdown(list(SAMPLERS), value=DEFAULTS.sampler, label="sampler", info=SAMPLER_INFO,
-                              elem_id=f"{tab}-sampler", visible=stochastic)
-        spacing = gr.Dropdown(list(SPACINGS), value=DEFAULTS.spacing, label="spacing", info=SPACING_INFO,
-                              elem_id=f"{tab}-spacing")
-    eta = gr.Slider(0, MAX_ETA, value=0, step=0.05, label="eta (0: deterministic; 1: DDPM-like; ddim only)",
-                    elem_id=f"{tab}-eta", visible=stochastic)
+        sampler = gr.Dropdown(list(SAMPLERS), value=defaults.sampler, label="sampler", info=SAMPLER_INFO,
+                              elem_id=f"{tab}-sampler", visible=stochastic, interactive=not fixed)
+        spacing = gr.Dropdown(list(SPACINGS), value=defaults.spacing, label="spacing", info=SPACING_INFO,
+                              elem_id=f"{tab}-spacing", interactive=not fixed)
+    eta = gr.Slider(0, MAX_ETA, value=defaults.eta, step=0.05, label="eta (0: deterministic; 1: DDPM-like; ddim only)",
+                    elem_id=f"{tab}-eta", visible=stochastic and not fixed)
     return steps, sampler, spacing, eta
 
 
@@ -56,7 +69,10 @@ def class_controls(workbench: Workbench, tab: str, pickers=(("class", "class"),)
     with gr.Row():
         controls = [gr.Dropdown(choices, value=ANY_CLASS, filterable=True, label=label, info=info,
                                 elem_id=f"{tab}-{suffix}") for suffix, label in pickers]
-    guidance = gr.Slider(0, MAX_GUIDANCE_SHOWN, value=1, step=0.25, label="guidance scale",
+    rules = workbench.pipeline.rules
+    low, high = rules.guidance_range or (0.0, MAX_GUIDANCE_SHOWN)
+    start = rules.defaults.guidance if rules.defaults.guidance is not None else 1.0
+    guidance = gr.Slider(low, high, value=start, step=0.25, label="guidance scale",
                          info=guidance_info(workbench.card.pretrained), elem_id=f"{tab}-guidance")
     return [*controls, guidance]
 

@@ -42,10 +42,12 @@ def build_page(workbench: Workbench) -> gr.Blocks:
                 _sample_tab(workbench, downloads)
             with gr.Tab("Interpolate", id="interpolate"):
                 _interpolate_tab(workbench, downloads)
-            with gr.Tab("Reconstruct", id="reconstruct"):
-                _reconstruct_tab(workbench, downloads)
-            with gr.Tab("Edit", id="edit"):
-                _edit_tab(workbench, downloads)
+            # A distilled student has no ODE to run backwards or from part way: those tabs need its teacher.
+            if not workbench.pipeline.rules.distilled:
+                with gr.Tab("Reconstruct", id="reconstruct"):
+                    _reconstruct_tab(workbench, downloads)
+                with gr.Tab("Edit", id="edit"):
+                    _edit_tab(workbench, downloads)
             with gr.Tab("Inpaint", id="inpaint"):
                 _inpaint_tab(workbench, downloads)
             with gr.Tab("Trajectory", id="trajectory"):
@@ -64,7 +66,7 @@ def _sample_tab(workbench: Workbench, downloads: Downloads) -> None:
             num = gr.Slider(1, limits.max_images, value=min(16, limits.max_images), step=1, label="images",
                             elem_id="sample-images")
             class_name, guidance = controls.class_controls(workbench, "sample")
-            steps, sampler, spacing, eta = controls.sampler_controls("sample", limits.max_steps)
+            steps, sampler, spacing, eta = controls.sampler_controls("sample", limits.max_steps, workbench=workbench)
             seed = controls.seed_field("sample")
             run = gr.Button("Generate", variant="primary", elem_id="sample-run")
         with gr.Column(scale=3):
@@ -99,7 +101,8 @@ def _interpolate_tab(workbench: Workbench, downloads: Downloads) -> None:
                                label="frames (both ends included)", elem_id="interpolate-frames")
             start_class, end_class, guidance = controls.class_controls(
                 workbench, "interpolate", (("start-class", "from class"), ("end-class", "to class")))
-            steps, _, spacing, _ = controls.sampler_controls("interpolate", limits.max_steps, stochastic=False)
+            steps, _, spacing, _ = controls.sampler_controls("interpolate", limits.max_steps, stochastic=False,
+                                                             workbench=workbench)
             run = gr.Button("Interpolate", variant="primary", elem_id="interpolate-run")
         with gr.Column(scale=2):
             strip = controls.gallery("interpolate", "frames", columns=16)
@@ -140,7 +143,8 @@ def _reconstruct_tab(workbench: Workbench, downloads: Downloads) -> None:
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             image = controls.upload_field("reconstruct")
-            steps, _, spacing, _ = controls.sampler_controls("reconstruct", limits.max_steps, stochastic=False)
+            steps, _, spacing, _ = controls.sampler_controls("reconstruct", limits.max_steps, stochastic=False,
+                                                             workbench=workbench)
             run = gr.Button("Reconstruct", variant="primary", elem_id="reconstruct-run")
         with gr.Column(scale=2):
             with gr.Row():
@@ -167,7 +171,7 @@ def _edit_tab(workbench: Workbench, downloads: Downloads) -> None:
             image = controls.upload_field("edit")
             strength = gr.Slider(0.05, 1.0, value=0.6, step=0.05, label="strength", elem_id="edit-strength")
             class_name, guidance = controls.class_controls(workbench, "edit")
-            steps, sampler, spacing, eta = controls.sampler_controls("edit", limits.max_steps)
+            steps, sampler, spacing, eta = controls.sampler_controls("edit", limits.max_steps, workbench=workbench)
             seed = controls.seed_field("edit")
             run = gr.Button("Edit", variant="primary", elem_id="edit-run")
         with gr.Column(scale=2):
@@ -199,7 +203,7 @@ def _inpaint_tab(workbench: Workbench, downloads: Downloads) -> None:
                 brush=gr.Brush(colors=[("#ff00ff", 0.7)], color_mode="fixed", default_size="auto"), height=420,
             )
             class_name, guidance = controls.class_controls(workbench, "inpaint")
-            steps, sampler, spacing, eta = controls.sampler_controls("inpaint", limits.max_steps)
+            steps, sampler, spacing, eta = controls.sampler_controls("inpaint", limits.max_steps, workbench=workbench)
             seed = controls.seed_field("inpaint")
             run = gr.Button("Inpaint", variant="primary", elem_id="inpaint-run")
         with gr.Column(scale=2):
@@ -230,7 +234,8 @@ def _trajectory_tab(workbench: Workbench, downloads: Downloads) -> None:
             num = gr.Slider(1, min(limits.max_images, MAX_TRAJECTORY_IMAGES), value=1, step=1, label="images",
                             elem_id="trajectory-images")
             class_name, guidance = controls.class_controls(workbench, "trajectory")
-            steps, sampler, spacing, eta = controls.sampler_controls("trajectory", min(limits.max_steps, MAX_TRAJECTORY_STEPS))
+            steps, sampler, spacing, eta = controls.sampler_controls(
+                "trajectory", min(limits.max_steps, MAX_TRAJECTORY_STEPS), workbench=workbench)
             seed = controls.seed_field("trajectory")
             run = gr.Button("Show the trajectory", variant="primary", elem_id="trajectory-run")
         with gr.Column(scale=2):
