@@ -481,9 +481,11 @@ def _validate_recipe(config: Config) -> None:
     _choice("model.prediction", m.prediction, ("noise", "velocity", "image"))
     _choice("model.embedding_injection", m.embedding_injection, ("input", "every-block"))
     _choice("model.class_embedding", m.class_embedding, ("noise-features", "adm"))
-    if m.class_embedding == "adm" and m.embedding_injection != "every-block":
+    if m.class_conditional and m.class_embedding == "adm" and m.embedding_injection != "every-block":
+        # An unconditional model has no class embedding: a config may name "adm" for when it trains by class.
         raise ConfigError('model.class_embedding "adm" adds the class to the block embedding, which only '
-                          'model.embedding_injection "every-block" has')
+                          'model.embedding_injection "every-block" has: add --set model.embedding_injection=every-block '
+                          'to train by class')
     _choice("train.loss", t.loss, ("mae", "mse"))
     _choice("train.loss_weighting", t.loss_weighting, ("none", "min-snr", "p2"))
     _choice("train.lr_schedule", t.lr_schedule, ("constant", "cosine"))
