@@ -329,3 +329,25 @@ def test_a_stopped_distillation_resumes_to_the_same_students(conditional_workdir
         return state["ema_params"]
 
     jax.tree.map(np.testing.assert_array_equal, final(tmp_path / "straight"), final(tmp_path / "resumed"))
+
+
+def test_the_distillation_benchmark_scores_students_beside_their_teacher_once(distilled, conditional_workdir, tmp_path,
+                                                                              capsys):
+    from tests.test_bench import load_benchmark
+    from tests.test_evaluation import tiny_extractor
+
+    bench = load_benchmark("distill")
+    out, _ = distilled
+    args = ["--students", str(out), "--teacher", str(conditional_workdir), "--out", str(tmp_path), "--num", "4",
+            "--guidance", "1", "2", "--student-steps", "2"]
+    rows = bench.main(args, feature_extractor_factory=tiny_extractor)
+    students = [row for row in rows if row["model"] == "student"]
+    assert {(row["steps"], row["guidance"], row["passes"]) for row in students} == {(2, 1.0, 2), (2, 2.0, 2)}
+    teacher = {(row["passes"], row["steps"], row["sampler"], row["guidance"]) for row in rows
+               if row["model"] == "teacher"}
+    assert teacher == {(2, 2, "ddim", 1.0), (2, 1, "ddim", 1.5), (2, 2, "dpmpp-2m", 1.0), (2, 1, "dpmpp-2m", 1.5),
+                       (20, 20, "ddim", None)}  # at the student's passes, then the teacher's own defaults
+    assert "| student | 2 | 2 | ddim/uniform |" in capsys.readouterr().out
+    again = bench.main(args, feature_extractor_factory=tiny_extractor)  # nothing left to score
+    assert len(again) == len(rows)
+    assert len((tmp_path / "distill.jsonl").read_text().splitlines()) == len(rows)

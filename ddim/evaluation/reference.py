@@ -262,6 +262,10 @@ def _part_of_whole(config: Config, split: str, real_num: int | None, extractors,
     whole, whole_labels = _real(config, "all", None, extractors, cache, log, False, None, data_cache, labelled)
     num_train = len(data_lib.load_split_labels(config, "train", data_cache, log))
     part = slice(None, num_train) if split == "train" else slice(num_train, None)
+    count = len(range(*part.indices(len(whole[0]))))
+    if count < 2:  # as _compute says of a split it reads itself
+        raise EvaluationError(f"split {split!r} ({split_expression(config, split)}) has {count} image(s); "
+                              "need at least 2")
     log(f"real features: the {split!r} split cut from the cached 'all' features")
     features = [select_real(features[part], real_num) for features in whole]
     return features, None if whole_labels is None else select_real(whole_labels[part], real_num)

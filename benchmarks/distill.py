@@ -1,0 +1,175 @@
+"""Distilled students beside their teacher: FID, KID and class accuracy per network pass, and what each costs.
+
+Run:  python benchmarks/distill.py --students runs/flowers32-distilled --teacher pretrained:flowers32 \
+          --out /tmp/distill32 [--num 1000 5000] [--guidance 1 1.5 2 2.5] [--teacher-guidance 1.5] [--time]
+
+Every row is ``ddim eval``'s protocol (benchmarks/common.py: all real images at the model's size, the standard
+FID Inception, KID over all samples, class accuracy for a class-conditional model), with ``--num`` samples:
+
+- each student of ``<students>/students/<N>`` (N = 8, 4, 2, 1 where present): its N deterministic DDIM steps, one
+  network pass each, at every ``--guidance`` scale (the first ``--num``); the scale with the lowest FID there is
+  then measured at the other ``--num`` too;
+- the teacher at the same number of network passes P: deterministic DDIM and DPM-Solver++(2M) on the log-SNR grid,
+  unguided (guidance 1, P steps of one pass) and guided at ``--teacher-guidance`` (P/2 steps of two passes);
+- the teacher's defaults (a bundled model's best measured setting: for flowers32 20 steps of dpmpp-2m, guidance
+  1.5, 40 passes), at every ``--num``.
+
+``--time`` adds the seconds 16 images take on this machine once compiled (the median of three calls of
+``Pipeline.generate``, after one that compiles): measure them on an otherwise idle machine. The training cost
+of each round is read from the students' ``distill.jsonl``. Results go to ``<out>/distill.jsonl`` (a rerun skips
+what is done) and a Markdown table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
+from ddim import runtime  # noqa: E402
+from ddim.workdir.records import append_record, read_records  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import log, score_fid  # noqa: E402
+
+if __name__ == "__main__":
+    runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
+
+RESULTS = "distill.jsonl"
+STUDENT_STEPS = (8, 4, 2, 1)
+SOLVERS = (("ddim", "uniform"), ("dpmpp-2m", "logsnr"))
+KEYS = ("model", "passes", "steps", "sampler", "spacing", "guidance", "num")
+
+
+def key(row: dict) -> tuple:
+    return tuple(row[name] for name in KEYS)
+
+
+def passes(spec) -> int:
+    """Network passes per image: one per step, two with classifier-free guidance (1 needs no second pass)."""
+    return spec.steps * (2 if spec.guidance not in (None, 1.0) else 1)
+
+
+def measure(label: str, source, spec, num: int, out: Path, done: dict, student: bool = False,
+            feature_extractor_factory=None) -> dict:
+
+    row = {"model": label, "passes": spec.steps if student else passes(spec), "steps": spec.steps,
+           "sampler": spec.sampler, "spacing": spec.spacing, "guidance": spec.guidance, "num": num}
+    if key(row) in done:
+        return done[key(row)]
+    log(f"{label}: {num} samples, {spec.steps} {spec.sampler}/{spec.spacing} steps, guidance {spec.guidance}")
+    record = score_fid(source, spec, num, out, feature_extractor_factory=feature_extractor_factory)
+    row.update(source=str(source), step=record["step"], fid=record["fid"], kid=record["kid_mean"],
+               class_accuracy=record.get("class_accuracy"), ceiling=record.get("real_val_class_accuracy"),
+               real_num=record["real_num"], fid_feature_net=record["fid_feature_net"],
+               eval_seconds=record["wall_time_s"])
+    append_record(out / RESULTS, row)
+    done[key(row)] = row
+    return row
+
+
+def seconds_for_16(source, spec, repeats: int = 3) -> float:
+    """The median seconds of ``Pipeline.generate(16)`` once compiled."""
+    pipe = ddim.load(source)
+    pipe.generate(16, spec=spec, seed=0)
+    times = []
+    for seed in range(1, repeats + 1):
+        started = time.perf_counter()
+        pipe.generate(16, spec=spec, seed=seed)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def training_cost(students: Path) -> list[dict]:
+    """Optimiser steps and wall seconds of each phase, summed over the stretches ``distill.jsonl`` records."""
+    phases: dict[tuple, dict] = {}
+    for record in read_records(students / "distill.jsonl")[1:]:
+        phase = phases.setdefault((record["phase"], record["student_steps"]),
+                                  {"phase": record["phase"], "student_steps": record["student_steps"], "steps": 0,
+                                   "seconds": 0.0})
+        phase["steps"] += record["to_step"] - record["from_step"]
+        phase["seconds"] += record["seconds"]
+    return list(phases.values())
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | passes | steps | sampler | guidance | samples | FID | KID | class acc. | s / 16 images |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in sorted(rows, key=lambda r: (r["passes"], r["model"] != "student", r["num"], r["fid"])):
+        accuracy = f"{100 * row['class_accuracy']:.1f} %" if row.get("class_accuracy") is not None else ""
+        seconds = f"{row['seconds_16']:.2f}" if row.get("seconds_16") is not None else ""
+        lines.append(f"| {row['model']} | {row['passes']} | {row['steps']} | {row['sampler']}/{row['spacing']} | "
+                     f"{row['guidance'] if row['guidance'] is not None else 1:g} | {row['num']:,} | {row['fid']:.1f} | "
+                     f"{row['kid']:.4f} | {accuracy} | {seconds} |")
+    return "\n".join(lines)
+
+
+def main(argv=None, feature_extractor_factory=None) -> list[dict]:
+    """Measure what is missing, print the table and the training cost; returns the rows. ``feature_extractor_factory``
+    replaces the FID Inception (tests only)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=Path, required=True, help="the work directory of ddim distill")
+    parser.add_argument("--teacher", required=True, help="the teacher: pretrained:NAME or a checkpoint")
+    parser.add_argument("--out", type=Path, required=True, help="results, eval.jsonl and the real features' cache")
+    parser.add_argument("--num", type=int, nargs="+", default=[1000, 5000], help="samples per measurement")
+    parser.add_argument("--guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5],
+                        help="the students' guidance scales (the first --num; the best also at the others)")
+    parser.add_argument("--teacher-guidance", type=float, default=1.5, help="the teacher's guided rows' scale")
+    parser.add_argument("--student-steps", type=int, nargs="+", default=list(STUDENT_STEPS))
+    parser.add_argument("--time", action="store_true", help="also time 16 images per row (on an idle machine)")
+    args = parser.parse_args(argv)
+    from ddim.distill import students_dir
+    from ddim.spec import SamplingSpec
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    done = {key(row): row for row in read_records(args.out / RESULTS)}
+
+    def score(label, source, spec, num, student=False):
+        return measure(label, source, spec, num, args.out, done, student, feature_extractor_factory)
+
+    first, *more = args.num
+    teacher = ddim.load(args.teacher)
+    rows, sources = [], {}
+    for steps in args.student_steps:
+        source = students_dir(args.students, steps)
+        if not source.is_dir():
+            log(f"no {steps}-step student in {args.students}; skipped")
+            continue
+        sweep = [score("student", source, SamplingSpec(steps=steps, guidance=g), first, True) for g in args.guidance]
+        best = min(sweep, key=lambda row: row["fid"])
+        rows += sweep
+        rows += [score("student", source, SamplingSpec(steps=steps, guidance=best["guidance"]), num, True)
+                 for num in more]
+        sources[("student", steps)] = source
+        for sampler, spacing in SOLVERS:
+            rows.append(score("teacher", args.teacher,
+                              SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, guidance=1.0), first))
+            if steps >= 2:
+                guided = SamplingSpec(steps=steps // 2, sampler=sampler, spacing=spacing,
+                                      guidance=args.teacher_guidance)
+                rows.append(score("teacher", args.teacher, guided, first))
+    rows += [score("teacher", args.teacher, teacher.defaults, num) for num in args.num]
+    if args.time:
+        for row in rows:
+            if row.get("seconds_16") is None:
+                source = sources.get(("student", row["steps"])) if row["model"] == "student" else args.teacher
+                spec = SamplingSpec(steps=row["steps"], sampler=row["sampler"], spacing=row["spacing"],
+                                    guidance=row["guidance"])
+                row["seconds_16"] = seconds_for_16(source, spec)
+                append_record(args.out / RESULTS, row)
+    print(table(rows))
+    print()
+    for phase in training_cost(args.students):
+        print(f"- {phase['phase']} {phase['student_steps']} steps: {phase['steps']:,} optimiser steps, "
+              f"{phase['seconds'] / 60:.1f} min")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
