@@ -1,18 +1,19 @@
 """Distilled students beside their teacher: FID, KID and class accuracy per network pass, and what each costs.
 
 Run:  python benchmarks/distill.py --students runs/flowers32-distilled --teacher pretrained:flowers32 \
-          --out /tmp/distill32 [--num 1000 5000] [--guidance 1 1.5 2 2.5] [--teacher-guidance 1.5] [--time]
+          --out /tmp/distill32 [--num 1000 5000] [--guidance 1 1.5 2 2.5] [--teacher-guidance 1.5]
+          [--teacher-num 1000] [--time]
 
 Every row is ``ddim eval``'s protocol (benchmarks/common.py: all real images at the model's size, the standard
 FID Inception, KID over all samples, class accuracy for a class-conditional model), with ``--num`` samples:
 
-- each student of ``<students>/students/<N>`` (N = 8, 4, 2, 1 where present): its N deterministic DDIM steps, one
-  network pass each, at every ``--guidance`` scale (the first ``--num``); the scale with the lowest FID there is
-  then measured at the other ``--num`` too;
-- the teacher at the same number of network passes P: deterministic DDIM and DPM-Solver++(2M) on the log-SNR grid,
-  unguided (guidance 1, P steps of one pass) and guided at ``--teacher-guidance`` (P/2 steps of two passes);
+- for every ``--student-steps`` N (8, 4, 2, 1), the teacher at N network passes: deterministic DDIM and
+  DPM-Solver++(2M) on the log-SNR grid, unguided (guidance 1, N steps of one pass) and guided at
+  ``--teacher-guidance`` (N/2 steps of two passes), and the student of ``<students>/students/<N>`` where it is
+  there yet: its N deterministic DDIM steps, one network pass each, at every ``--guidance`` scale (the first
+  ``--num``); the scale with the lowest FID there is then measured at the other ``--num`` too;
 - the teacher's defaults (a bundled model's best measured setting: for flowers32 20 steps of dpmpp-2m, guidance
-  1.5, 40 passes), at every ``--num``.
+  1.5, 40 passes), at every ``--teacher-num`` (default: ``--num``).
 
 ``--time`` adds the seconds 16 images take on this machine once compiled (the median of three calls of
 ``Pipeline.generate``, after one that compiles): measure them on an otherwise idle machine. The training cost
@@ -121,6 +122,8 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
     parser.add_argument("--guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5],
                         help="the students' guidance scales (the first --num; the best also at the others)")
     parser.add_argument("--teacher-guidance", type=float, default=1.5, help="the teacher's guided rows' scale")
+    parser.add_argument("--teacher-num", type=int, nargs="+", help="samples of the teacher's defaults (default: "
+                        "--num; its 5,000 come from `ddim eval --pretrained NAME --num 5000 --split all` too)")
     parser.add_argument("--student-steps", type=int, nargs="+", default=list(STUDENT_STEPS))
     parser.add_argument("--time", action="store_true", help="also time 16 images per row (on an idle machine)")
     args = parser.parse_args(argv)
@@ -137,16 +140,6 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
     teacher = ddim.load(args.teacher)
     rows, sources = [], {}
     for steps in args.student_steps:
-        source = students_dir(args.students, steps)
-        if not source.is_dir():
-            log(f"no {steps}-step student in {args.students}; skipped")
-            continue
-        sweep = [score("student", source, SamplingSpec(steps=steps, guidance=g), first, True) for g in args.guidance]
-        best = min(sweep, key=lambda row: row["fid"])
-        rows += sweep
-        rows += [score("student", source, SamplingSpec(steps=steps, guidance=best["guidance"]), num, True)
-                 for num in more]
-        sources[("student", steps)] = source
         for sampler, spacing in SOLVERS:
             rows.append(score("teacher", args.teacher,
                               SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, guidance=1.0), first))
@@ -154,7 +147,17 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
                 guided = SamplingSpec(steps=steps // 2, sampler=sampler, spacing=spacing,
                                       guidance=args.teacher_guidance)
                 rows.append(score("teacher", args.teacher, guided, first))
-    rows += [score("teacher", args.teacher, teacher.defaults, num) for num in args.num]
+        source = students_dir(args.students, steps)
+        if not source.is_dir():
+            log(f"no {steps}-step student in {args.students} (yet): only the teacher's rows")
+            continue
+        sweep = [score("student", source, SamplingSpec(steps=steps, guidance=g), first, True) for g in args.guidance]
+        best = min(sweep, key=lambda row: row["fid"])
+        rows += sweep
+        rows += [score("student", source, SamplingSpec(steps=steps, guidance=best["guidance"]), num, True)
+                 for num in more]
+        sources[("student", steps)] = source
+    rows += [score("teacher", args.teacher, teacher.defaults, num) for num in args.teacher_num or args.num]
     if args.time:
         for row in rows:
             if row.get("seconds_16") is None:
