@@ -186,6 +186,19 @@ def score_from_eval(line: dict[str, Any], source: str | None = None) -> dict[str
     }
 
 
+def with_score(record: dict[str, Any], score: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with ``score`` in its ``"scores"``, in place of the entry of the same samples and setting."""
+    setting = {key: _value(score, key) for key in _SETTING}
+
+    def same(entry: dict[str, Any]) -> bool:
+        return find_score({"scores": [entry]}, score["num"], setting) is not None
+
+    scores = list(record.get("scores") or ())
+    if any(same(entry) for entry in scores):
+        return {**record, "scores": [score if same(entry) else entry for entry in scores]}
+    return {**record, "scores": [*scores, score]}
+
+
 def find_score(record: dict[str, Any], num: int, setting: dict[str, Any]) -> dict[str, Any] | None:
     """The record's score of ``num`` samples at ``setting`` (steps, sampler, spacing, eta, guidance), else None."""
     wanted = {**PLAIN, **setting}

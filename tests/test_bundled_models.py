@@ -1,0 +1,122 @@
+"""The bundled models' facts live in their records: the docs show them, and never disagree with them.
+
+docs/models.md includes the table ``ddim pretrained --markdown`` prints from the records, verbatim. Every other
+page of the user guide (the research record aside: its pages are dated studies of the models they name) may
+quote a bundled model's FID, KID or class accuracy only as one of the figures in that model's record. The check
+reads each paragraph, list item and table row on its own: where it names a bundled model, every decimal number
+after "FID", "KID" or "class accuracy" (and "the asked class in") must be a figure of that model's record, as
+the record rounds it or to one more digit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from ddim.pretrained import PACKAGE_ROOT, available
+from ddim.pretrained.record import markdown_table
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS_PAGE = REPO / "docs" / "models.md"
+BEGIN, END = "<!-- bundled-models:", "<!-- end of bundled-models -->"
+GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+NOT_CHECKED = {"distillation.md"}  # its figures are of distilled students, other models than the bundles
+MODEL_NAME = r"(?<![\w/.:-]){}(?![\w.-])"  # flowers32, `flowers32`, pretrained:flowers32; not runs/flowers32 or flowers64-fast
+FIGURE = re.compile(r"\b(?:FID|KID|class accuracy|asked class in)\b[^.\d|]{0,16}?(\d+\.\d+)")
+FIGURE_COLUMN = re.compile(r"\b(?:FID|KID|class accuracy)\b")
+
+_MARKDOWN = MarkdownIt("commonmark").enable("table")
+
+
+@pytest.fixture(autouse=True)
+def package_models(monkeypatch):
+    monkeypatch.delenv("DDIM_PRETRAINED_DIR", raising=False)
+
+
+def shipped() -> dict:
+    return {manifest.name: manifest for manifest in available(PACKAGE_ROOT)}
+
+
+def recorded_figures(record: dict) -> set[str]:
+    """Every figure of a record as the docs may write it: scores rounded as the table rounds them (and one digit
+    finer), and the numbers its sentences quote."""
+    figures = set()
+    for score in record.get("scores") or ():
+        for key, digits in (("fid", (1, 2)), ("kid", (4, 3)), ("class_accuracy", (1,)), ("real_class_accuracy", (1,))):
+            value = score.get(key)
+            if value is None:
+                continue
+            value = 100 * value if "class" in key else value
+            figures.update(f"{value:.{n}f}" for n in digits)
+    words = " ".join(str(record.get(field) or "") for field in ("guidance", "advice", "wall_time"))
+    figures.update(re.findall(r"\d+\.\d+", words))
+    return figures
+
+
+def blocks(page: Path):
+    """``(text, figures)`` of each paragraph, list item and table row of ``page`` (code blocks left out): the
+    figures are the decimals after "FID", "KID" or "class accuracy", and in a table every decimal of a column
+    whose header names one of them."""
+    tokens = _MARKDOWN.parse(page.read_text(encoding="utf-8"))
+    header: list[str] = []
+    row: list[str] | None = None
+    for token in tokens:
+        if token.type == "thead_open":
+            header = []
+        if token.type == "tr_open":
+            row = []
+        elif token.type == "tr_close":
+            if not header:
+                header = row
+            columns = [FIGURE_COLUMN.search(name) is not None for name in header]
+            text = " | ".join(row)
+            numbers = [n for cell, figure in zip(row, columns) if figure for n in re.findall(r"\d+\.\d+", cell)]
+            yield text, [match.group(1) for match in FIGURE.finditer(text)] + numbers
+            row = None
+        elif token.type == "inline":
+            if row is not None:
+                row.append(token.content)
+            else:
+                yield token.content, [match.group(1) for match in FIGURE.finditer(token.content)]
+
+
+def test_the_models_page_shows_the_table_the_records_print():
+    text = MODELS_PAGE.read_text(encoding="utf-8")
+    start = text.index("\n", text.index(BEGIN)) + 1
+    shown = text[start:text.index(END)]
+    expected = markdown_table(shipped().values())
+    assert shown == expected, ("docs/models.md's table differs from the records: paste the output of "
+                               "`ddim pretrained --markdown` between its markers")
+
+
+@pytest.mark.parametrize("page", [page for page in GUIDES if page.name not in NOT_CHECKED],
+                         ids=lambda page: page.relative_to(REPO).as_posix())
+def test_a_guide_quotes_a_bundled_models_figures_as_its_record_has_them(page):
+    models = shipped()
+    figures = {name: recorded_figures(manifest.record) for name, manifest in models.items()}
+    problems = []
+    for block, quoted in blocks(page):
+        named = [name for name in models if re.search(MODEL_NAME.format(re.escape(name)), block)]
+        if not named:
+            continue
+        allowed = set().union(*(figures[name] for name in named))
+        problems += [f"{figure} beside {', '.join(named)}: not in the record ({block[:120]}...)"
+                     for figure in quoted if figure not in allowed]
+    assert not problems, f"{page.relative_to(REPO)} quotes figures its bundled models' records do not hold:\n" + \
+        "\n".join(problems)
+
+
+def test_the_check_catches_a_figure_the_record_does_not_hold(tmp_path):
+    record = json.loads((PACKAGE_ROOT / "flowers32" / "model.json").read_text())["record"]
+    figures = recorded_figures(record)
+    assert {"29.3", "19.6", "0.0069", "75.9", "30.6"} <= figures  # the table's, and its guidance sentence's
+    page = tmp_path / "page.md"
+    page.write_text("`flowers32` scores FID 33.0 at its defaults.\n\n| model | FID |\n| --- | --- |\n"
+                    "| `flowers64` | 39.2 (40.4 at 5,000) |\n")
+    found = [figure for _, quoted in blocks(page) for figure in quoted]
+    assert found == ["33.0", "39.2", "40.4"] and "33.0" not in figures
+    assert not re.search(MODEL_NAME.format("flowers64"), "configs/flowers64-fast.toml and runs/flowers64")
