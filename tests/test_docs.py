@@ -4,11 +4,13 @@ Markdown is parsed with markdown-it-py (CommonMark plus tables, as GitHub render
 blocks are not links and headings are read as rendered text. Anchors follow GitHub's slugs (github-slugger):
 the heading's text lowercased, everything but letters, digits, marks, spaces, hyphens and underscores dropped,
 spaces turned into hyphens, and a repeated slug suffixed -1, -2, ... External (http, https, mailto) links
-are not fetched.
+are not fetched. The commands shown must parse with the CLI, and the scripts and configs they name must exist.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import unicodedata
 from functools import lru_cache
 from pathlib import Path
@@ -139,3 +141,105 @@ def test_the_readme_test_command_is_the_one_ci_runs():
     command = ci[marker + 1].strip()
     blocks = [token.content for token in _MARKDOWN.parse(README.read_text(encoding="utf-8")) if token.type == "fence"]
     assert any(command in block.splitlines() for block in blocks), f"README.md has no code line {command!r}"
+
+
+# --- the commands shown: every `ddim` command in the README and the guides parses -------------------------------
+
+PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*")  # N, NAME, DIR, FOLDER, RUN: a value the reader fills in
+SYNOPSIS = re.compile(r"\[|\.\.\.|<")  # `ddim train [--config FILE] ...`: a usage line, not a command
+
+
+def shown_commands(page: Path, inline: bool = True) -> list[str]:
+    """The ``ddim`` commands of ``page``: code-block lines (continuations joined, comments dropped, split at
+    ``&&``, ``|`` and ``;``), and with ``inline`` the inline code that starts with ``ddim``; synopses left out."""
+    found = []
+    for token in _tokens(page):
+        if token.type == "fence":
+            lines = re.sub(r"\\\n\s*", " ", token.content).splitlines()
+        elif token.type == "code_inline" and inline:
+            lines = [token.content]
+        else:
+            continue
+        for line in lines:
+            for part in re.split(r"&&|\|\||;|\|", line):
+                words = part.strip()
+                if words.startswith("ddim ") or words == "ddim":
+                    found.append(words)
+    return [command for command in found if not SYNOPSIS.search(command)]
+
+
+def command_words(command: str) -> list[str]:
+    words = shlex.split(command, comments=True)
+    return ["1" if PLACEHOLDER.fullmatch(word) else word for word in words[1:]]
+
+
+def parse_command(words: list[str]):
+    """Parse ``ddim WORDS`` as the CLI does, without running it: ``(the command, its parameters)``; click's own
+    error (an unknown command or option, a value of the wrong type, a missing one) when it does not parse."""
+    import typer
+
+    from ddim.cli import app
+
+    command = typer.main.get_command(app)
+    context = command.make_context("ddim", list(words))
+    while hasattr(command, "resolve_command"):  # a group: its subcommand
+        rest = [*(getattr(context, "_protected_args", None) or getattr(context, "protected_args", [])), *context.args]
+        if not rest:
+            break
+        name, command, rest = command.resolve_command(context, rest)
+        context = command.make_context(name, rest, parent=context)
+    return command, context.params
+
+
+COMMAND_PAGES = PAGES  # the README, the guides and the research record
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
+def test_every_command_shown_parses_with_the_cli(page):
+    from ddim.spec import SAMPLERS, SPACINGS
+
+    problems = []
+    complete = set(shown_commands(page, inline=False))  # a code block's command runs as it stands
+    for command in shown_commands(page):
+        if not command_words(command) or "--help" in command_words(command):
+            continue  # `ddim`, `ddim --help`: the help itself
+        try:
+            _, params = parse_command(command_words(command))
+        except Exception as error:  # click's usage errors: what `ddim ... --help` would tell the reader
+            # Inline code may name a command or an option without all it needs (`ddim data`, `--data`).
+            partial = type(error).__name__ in ("MissingParameter", "BadOptionUsage") and command not in complete
+            if not partial:
+                problems.append(f"{command}: {error}")
+            continue
+        for option, names in (("sampler", SAMPLERS), ("spacing", SPACINGS)):
+            if params.get(option) is not None and params[option] not in names and params[option] != "1":
+                problems.append(f"{command}: --{option} {params[option]} is not one of {', '.join(names)}")
+    assert not problems, f"commands in {page.relative_to(REPO)} that ddim would refuse:\n" + "\n".join(problems)
+
+
+def test_the_command_check_refuses_what_the_cli_refuses(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\npip install -e . && ddim sample --pretrained flowers32 \\\n    --num N --out x/   # ok\n"
+                    "ddim sample --bogus\n```\n\nRun `ddim pretrained --markdown`; usage: `ddim eval [--num 5000]`.\n")
+    assert shown_commands(page) == ["ddim sample --pretrained flowers32  --num N --out x/   # ok",
+                                    "ddim sample --bogus", "ddim pretrained --markdown"]
+    parse_command(command_words(shown_commands(page)[0]))
+    with pytest.raises(Exception, match="--bogus"):
+        parse_command(command_words("ddim sample --bogus"))
+    with pytest.raises(Exception, match="No such command"):
+        parse_command(command_words("ddim smaple"))
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
+def test_every_script_and_config_shown_exists(page):
+    text = page.read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w/])((?:benchmarks|configs|tools)/[\w.-]+\.(?:py|toml|sh))", text))
+    missing = sorted(path for path in named if not (REPO / path).is_file())
+    assert not missing, f"{page.relative_to(REPO)} names files that do not exist: {missing}"
+
+
+def test_the_readme_commands_each_write_to_their_own_folder():
+    """Run one after another in a fresh directory, no README command stops on another's output."""
+    outs = [words[words.index("--out") + 1] for command in shown_commands(README)
+            if "--out" in (words := shlex.split(command, comments=True))]
+    assert outs and len(outs) == len(set(outs)), f"README commands share an --out folder: {outs}"
