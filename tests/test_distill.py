@@ -351,3 +351,23 @@ def test_the_distillation_benchmark_scores_students_beside_their_teacher_once(di
     again = bench.main(args, feature_extractor_factory=tiny_extractor)  # nothing left to score
     assert len(again) == len(rows)
     assert len((tmp_path / "distill.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_the_web_page_takes_a_student_at_its_own_steps(distilled):
+    import ddim
+    from ddim.ui.checks import ANY_CLASS
+    from ddim.ui.page import build_page
+    from ddim.ui.workbench import Workbench
+
+    out, _ = distilled
+    bench = Workbench(ddim.load(out / "students" / "2"))
+    result = bench.sample(2, 2, 0, class_name=ANY_CLASS, guidance=1.5)
+    assert result.images.shape == (2, 16, 16, 3) and "--guidance 1.5" in result.command
+    with pytest.raises(SpecError, match="distilled for 2 steps"):
+        bench.sample(2, 4, 0, class_name=ANY_CLASS, guidance=1.5)
+    blocks = {block.elem_id: block for block in build_page(bench).blocks.values() if block.elem_id}
+    assert {"sample-run", "trajectory-run", "inpaint-run"} <= set(blocks)
+    assert not {"edit-run", "reconstruct-run"} & set(blocks)  # no ODE to run part way or backwards
+    steps = blocks["sample-steps"]
+    assert (steps.value, steps.interactive) == (2, False)
+    assert (blocks["sample-guidance"].minimum, blocks["sample-guidance"].maximum) == (0.0, 4.0)
