@@ -58,7 +58,9 @@ def distill(
         if config is not None:
             read_toml(config)  # a missing or broken file fails before the teacher loads
         if out is None:
-            out = DEFAULT_RUNS_DIR / f"{pretrained or Path(teacher).absolute().name}-distilled"
+            from ddim.workdir import Workdir
+
+            out = DEFAULT_RUNS_DIR / f"{pretrained or Workdir.of_checkpoint(teacher).root.name}-distilled"
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out} is a file, not a directory")
     setup_runtime(compilation_cache)
