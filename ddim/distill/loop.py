@@ -36,13 +36,12 @@ from ddim.distill.plan import Phase
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
 from ddim.errors import UserError
 from ddim.model import DiffusionModel, init_variables
-from ddim.sampling.classes import ClassSpace
 from ddim.summary import Progress, Reporter
 from ddim.train import state as state_lib
 from ddim.train.actions import LogTrainMetrics, MetricsBuffer, SampleGrid, SaveCheckpoint, StepInfo, TrainingError
-from ddim.train.loop import MAX_STEPS_AHEAD, _say_stderr, _summary_writer
+from ddim.train.loop import MAX_STEPS_AHEAD, RunOutputs, _say_stderr, _summary_writer
 from ddim.train.stop import StopRequest
-from ddim.workdir import Workdir, lock_for_training
+from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 from ddim.workdir.records import append_record, read_records
 
 STUDENTS = "students"
@@ -101,16 +100,18 @@ def distill(teacher: str | Path, workdir: str | Path, config_file: str | Path | 
     lock = lock_for_training(workdir, warn=log)
     try:
         run = DistillationRun.prepare(teacher, workdir, config_file, overrides, log)
-        try:
-            return run.train()
-        finally:
-            run.close()
-    finally:
+    except BaseException:
         lock.release()
+        raise
+    run.lock = lock
+    try:
+        return run.train()
+    finally:
+        run.close()
 
 
 @dataclass
-class DistillationRun:
+class DistillationRun(RunOutputs):
     """A distillation run set up by :meth:`prepare`: its teacher, plan, data and (resumed) state."""
 
     config: Config
@@ -132,6 +133,7 @@ class DistillationRun:
     rng: Any
     grid_rng: Any
     metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
+    lock: WorkdirLock | None = None
 
     @classmethod
     def prepare(cls, teacher_source, workdir: Path, config_file, overrides, log) -> "DistillationRun":
@@ -235,7 +237,7 @@ class DistillationRun:
                     stopped = stop.agreed(step)
                     seconds = time.perf_counter() - started - action_seconds
                     info = StepInfo(step, phase.end, self.steps_per_epoch, self.state, seconds, stopped)
-                    action_seconds += self._run_actions(actions, info)
+                    action_seconds += self.run_actions(actions, info)
                     if stopped:
                         self.say(f"stopped at step {step}; checkpoint saved, run the same command to resume")
                         break
@@ -254,13 +256,6 @@ class DistillationRun:
                     "to_step": info.step, "seconds": round(time.perf_counter() - started, 3),
                     "loss": self.metrics.last_mean.get("loss")})
         return step, stopped
-
-    def _run_actions(self, actions, info: StepInfo) -> float:
-        started = time.perf_counter()
-        for action in actions:
-            if action.due(info):
-                self.reporter.write(info.step, action.run(info))
-        return time.perf_counter() - started
 
     def _export(self, phase: Phase, state) -> Path:
         """Save ``state``, the end of ``phase``, as the student ``students/<N>`` (a checkpoint of its own)."""
@@ -283,13 +278,6 @@ class DistillationRun:
             raise TrainingError(f"the {phase.student_steps}-step student of this run is missing from "
                                 f"{students_dir(self.workdir, phase.student_steps)}; use another --workdir")
         self._export(phase, self.state)
-
-    def close(self) -> None:
-        try:
-            self.checkpointer.close()
-        finally:
-            self.reporter.close()
-            self.progress.close()
 
 
 def _check_teacher_record(workdir: Path, source: str, step: int | None) -> None:

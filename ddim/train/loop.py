@@ -103,8 +103,31 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
     return TrainResult(state, run.start_step, info.step, stopped, run.metrics.last_mean)
 
 
+class RunOutputs:
+    """What a run reports and saves through, and how it ends: its ``checkpointer``, ``reporter``, ``progress`` and
+    work directory ``lock`` (attributes of the run). :class:`TrainingRun` and distillation's run share it."""
+
+    def run_actions(self, actions: list[PeriodicAction], info: StepInfo) -> float:
+        """Run the due actions and report what they say; returns the seconds they took."""
+        started = time.perf_counter()
+        for action in actions:
+            if action.due(info):
+                self.reporter.write(info.step, action.run(info))
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        """Wait for the last save (raising if it failed), close the outputs, release the work directory."""
+        try:
+            self.checkpointer.close()
+        finally:
+            self.reporter.close()
+            self.progress.close()
+            if self.lock is not None:
+                self.lock.release()
+
+
 @dataclass
-class TrainingRun:
+class TrainingRun(RunOutputs):
     """Everything a training run is made of, set up by :meth:`prepare` (resuming when it can)."""
 
     config: Config
@@ -217,14 +240,6 @@ class TrainingRun:
         for batch in data_lib.eval_batches(self.val_images, self.config, rows):
             yield parallel.global_batch(batch, self.mesh)
 
-    def run_actions(self, actions: list[PeriodicAction], info: StepInfo) -> float:
-        """Run the due actions and report what they say; returns the seconds they took."""
-        started = time.perf_counter()
-        for action in actions:
-            if action.due(info):
-                self.reporter.write(info.step, action.run(info))
-        return time.perf_counter() - started
-
     def finish(self, actions: list[PeriodicAction], info: StepInfo | None, error: BaseException | None) -> None:
         """End the run once: every action's ``finish`` (a crash save among them), then close the outputs."""
         if self.finished:
@@ -242,16 +257,6 @@ class TrainingRun:
             failures.append(failure)
         if failures and error is None:  # with an error, that error is what the user needs to see
             raise failures[0]
-
-    def close(self) -> None:
-        """Wait for the last save (raising if it failed), close the outputs, release the work directory."""
-        try:
-            self.checkpointer.close()
-        finally:
-            self.reporter.close()
-            self.progress.close()
-            if self.lock is not None:
-                self.lock.release()
 
     def explain(self, error: BaseException, info: StepInfo | None) -> TrainingError | None:
         """What ended the run, and what is kept, in one line: for errors a user can act on, else None."""
