@@ -74,5 +74,6 @@ def distill(
         raise typer.Exit(130)
     if result.interrupted:
         raise typer.Exit(130)
-    students = ", ".join(f"{steps} steps: {path}" for steps, path in sorted(result.students.items(), reverse=True))
+    students = ", ".join(f"{steps} step{'s' if steps > 1 else ''}: {path}"
+                         for steps, path in sorted(result.students.items(), reverse=True))
     typer.echo(f"distilled to step {result.final_step}; students ({students})")
