@@ -339,9 +339,15 @@ def test_an_eval_request_is_checked_when_made():
             evaluation.EvalRequest("run", **fields)
     with pytest.raises(TypeError, match="SamplingSpec"):
         evaluation.EvalRequest("run", spec={"steps": 2})
-    # The loose keywords of evaluate_checkpoint: merged into one spec; a bad one is an EvaluationError.
+    # The loose keywords of evaluate_checkpoint: kept as changes to the model's defaults (resolved once the
+    # model is loaded), or merged into a given spec; a bad one is an EvaluationError when the request is made.
     loose = evaluation.EvalRequest.of("run", steps=3, spacing="karras", eta=0.5, weights="w.h5", num=4)
-    assert loose.spec == SamplingSpec(steps=3, spacing="karras", eta=0.5) and loose.inception_weights == "w.h5"
+    assert loose.spec is None and loose.inception_weights == "w.h5"
+    assert loose.spec_changes == (("steps", 3), ("spacing", "karras"), ("eta", 0.5))
+    assert SamplingSpec.of(SamplingSpec(steps=20, guidance=2.0), **dict(loose.spec_changes)) == SamplingSpec(
+        steps=3, spacing="karras", eta=0.5, guidance=2.0)
+    with pytest.raises(evaluation.EvaluationError, match="steps"):
+        evaluation.EvalRequest.of("run", steps=0)
     with pytest.raises(evaluation.EvaluationError, match="unknown sampler 'euler'"):
         evaluation.EvalRequest.of("run", sampler="euler")
 

@@ -27,7 +27,6 @@ from ddim.errors import InputError
 from ddim.evaluation import class_consistency as consistency
 from ddim.evaluation.features import EvaluationError, FeatureExtractor
 from ddim.evaluation.reference import labelled_real_features
-from ddim.sampling.classes import ClassSpace
 
 DATA_FREQUENCY = "data-frequency"
 UNCONDITIONAL = "unconditional"
@@ -91,6 +90,9 @@ def data_class_names(config, data_cache: str | os.PathLike) -> list[str]:
 def as_model_ids(plan: ClassPlan, labels, data_names) -> np.ndarray:
     """Real ``labels`` (ids of ``data_names``) as the model's class ids, matched by name; -1 stays -1
     (:meth:`ddim.sampling.classes.ClassSpace.ids_of_data_labels`; an unknown class is an :class:`EvaluationError`)."""
+    # Imported here: ddim.sampling's package imports the pipeline and with it JAX, which evaluation avoids.
+    from ddim.sampling.classes import ClassSpace
+
     try:
         return ClassSpace(True, tuple(plan.names)).ids_of_data_labels(labels, data_names, "the real images")
     except InputError as error:
