@@ -371,3 +371,23 @@ def test_the_web_page_takes_a_student_at_its_own_steps(distilled):
     steps = blocks["sample-steps"]
     assert (steps.value, steps.interactive) == (2, False)
     assert (blocks["sample-guidance"].minimum, blocks["sample-guidance"].maximum) == (0.0, 4.0)
+
+
+def test_a_bundled_student_records_its_distillation_and_samples_at_its_own_steps(distilled, tmp_path, monkeypatch):
+    import ddim
+    from ddim.pretrained import export_checkpoint
+    from ddim.pretrained.record import describe
+
+    out, _ = distilled
+    manifest = export_checkpoint(out / "students" / "2", "tiny-2step", root=tmp_path, fid=50.0,
+                                 fid_protocol="tiny", recipe="ddim distill ...")
+    # Images seen count the student's batches ([distill]), not its teacher's ([train]).
+    assert manifest.record["batch_size"] == 4 and manifest.record["images_seen"] == 4 * manifest.record["steps"]
+    lines = "\n".join(describe(manifest))
+    assert "guidance scale (0 to 4) as an input" in lines
+    assert "samples with 2 deterministic DDIM steps of one network pass each" in lines
+    monkeypatch.setenv("DDIM_PRETRAINED_DIR", str(tmp_path))
+    pipe = ddim.load("pretrained:tiny-2step")
+    assert pipe.defaults == SamplingSpec(steps=2) and pipe.generate(2, seed=0).shape == (2, 16, 16, 3)
+    with pytest.raises(SpecError, match="distilled for 2 steps"):
+        pipe.generate(2, steps=20)

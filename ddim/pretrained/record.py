@@ -12,6 +12,7 @@ fields ``ddim pretrained`` and docs/models.md show; nothing is filled in by
 guesswork, and a score still to measure has ``"fid": null``)::
 
     "recipe":   the command that trained it           "data":      the images, in words
+    "distilled_from": a distilled student's teacher, in words
     "hardware": what it trained on                    "wall_time": how long, in words
     "defaults": {"steps", "sampler", "spacing", "eta", "guidance"}: its best measured setting,
                 what ``ddim sample --pretrained NAME`` uses when no option is given
@@ -45,15 +46,18 @@ def training_record(config: Config, step: int, step_dir: Path, *, fid: dict[str,
                     hardware: str | None = None, recipe: str | None = None,
                     today: datetime.date | None = None) -> dict[str, Any]:
     """The record of a model exported from step ``step`` (directory ``step_dir``) of a run with ``config``."""
+    # A distilled student trains with [distill]'s batch, not [train]'s (the teacher's).
+    batch_size = config.distill.batch_size if config.model.distilled_steps else config.train.batch_size
     return {
         "config": config.name,
         "recipe": recipe,
         "steps": step,
-        "images_seen": step * config.train.batch_size,
-        "batch_size": config.train.batch_size,
+        "images_seen": step * batch_size,
+        "batch_size": batch_size,
         "hardware": hardware,
         "fid": fid,
-        "checkpoint": str(step_dir),
+        # Relative to its work directory: where the machine it was trained on kept runs means nothing elsewhere.
+        "checkpoint": f"{step_dir.parent.name}/{step_dir.name}",
         "checkpoint_date": checkpoint_date(step_dir),
         "exported": (today or datetime.datetime.now(datetime.timezone.utc).date()).isoformat(),
     }
@@ -259,6 +263,9 @@ def network_summary(config: Config, parameters: int, weights_bytes: int) -> str:
         parts.append(f"attention at {', '.join(f'{s}x{s}' for s in model.attention_resolutions)}")
     if model.prediction != "noise":
         parts.append(f"{model.prediction} prediction")
+    if model.guidance_input:
+        low, high = model.guidance_range
+        parts.append(f"guidance scale ({low:g} to {high:g}) as an input")
     return ", ".join(parts) + f"; {parameters:,} parameters ({_megabytes(weights_bytes)})"
 
 
@@ -274,6 +281,10 @@ def facts(manifest) -> list[tuple[str, str]]:
         trained += f", {record.get('steps'):,} steps, {images:,} images seen"
     trained += f", on {record.get('hardware') or 'unrecorded hardware'}"
     rows.append(("trained", trained))
+    if model.distilled_steps:
+        teacher = record.get("distilled_from") or "an unrecorded teacher"
+        rows.append(("distilled", f"from {teacher}; samples with {model.distilled_steps} deterministic DDIM steps "
+                                  "of one network pass each, guidance included, and no other count"))
     if record.get("wall_time"):
         rows.append(("wall time", record["wall_time"]))
     for label in ("recipe", "data"):
