@@ -1,6 +1,6 @@
 """Export a TFDS dataset's images, preprocessed as training preprocesses them, as an image folder.
 
-For a machine without TensorFlow (the GPU machines this project is lent have none): `ddim train --data FOLDER`
+For a machine without TensorFlow (a GPU machine with JAX alone, say): `ddim train --data FOLDER`
 reads the folder there with Pillow alone. Every image of the config's train and val splits (for Oxford Flowers
 102, all 8,189) is centre-cropped and resized to ``model.image_size`` by the function training uses, then saved
 in one subfolder per class, named by the dataset's class names (so a class-conditional model keeps them; the

@@ -100,7 +100,7 @@ VARIANTS: dict[str, list[str]] = {
     "fast": FAST,
     "combined-h4": [*OBJECTIVE, "model.attention_resolutions=[16, 8]", "model.attention_heads=4",
                     'model.embedding_injection="every-block"', *SCHEDULE],
-    # Levers beyond the list, tried because fast's gain at 1,000 steps fell short of the target:
+    # Levers beyond the recipe's components, tried because fast's gain at 1,000 steps was small:
     "fast-1k": [*FAST, "train.lr_decay_steps=1000"],
     "fast-lr2e-3": RECOMMENDED,
     "fast-lr3e-3": [*FAST, "train.learning_rate=3e-3"],
