@@ -311,7 +311,7 @@ def facts(manifest) -> list[tuple[str, str]]:
         rows.append(("FID", f"{fid['value']:.2f} ({fid['protocol']})" if fid else "not measured"))
     for label in ("guidance", "advice"):
         if record.get(label):
-            rows.append(("best guidance" if label == "guidance" else "fewer steps", record[label]))
+            rows.append(("best guidance" if label == "guidance" else "sampler advice", record[label]))
     rows.append(("weights", f"{_megabytes(manifest.bytes)}, sha256 {manifest.sha256}"))
     return rows
 
