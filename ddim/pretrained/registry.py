@@ -111,7 +111,6 @@ def load_pretrained(name: str, root: str | os.PathLike | None = None):
     that do not fit the config.
     """
     import jax
-    import jax.numpy as jnp
 
     from ddim.checkpoint.ema import LoadedCheckpoint, check_fits_config
     from ddim.pretrained.bundle import read_variables
@@ -119,7 +118,8 @@ def load_pretrained(name: str, root: str | os.PathLike | None = None):
     from ddim.pretrained.record import sampling_defaults
 
     manifest = find(name, root)
-    variables = jax.tree.map(jnp.asarray, read_variables(manifest))
+    # One transfer of the whole tree: jnp.asarray per leaf compiles a small program for each of its shapes.
+    variables = jax.device_put(read_variables(manifest))
     check_fits_config(manifest.config, variables, manifest.directory)
     return LoadedCheckpoint(manifest.config, variables, manifest.record.get("steps"), manifest.directory,
                             sampling_defaults(manifest))
