@@ -169,7 +169,8 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
     print(table(rows))
     print()
     for phase in training_cost(args.students):
-        print(f"- {phase['phase']} {phase['student_steps']} steps: {phase['steps']:,} optimiser steps, "
+        student = f"{phase['student_steps']} step" + ("s" if phase["student_steps"] != 1 else "")
+        print(f"- {phase['phase']} {student}: {phase['steps']:,} optimiser steps, "
               f"{phase['seconds'] / 60:.1f} min")
     return rows
 

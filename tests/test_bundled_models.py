@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS_PAGE = REPO / "docs" / "models.md"
 BEGIN, END = "<!-- bundled-models:", "<!-- end of bundled-models -->"
 GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-NOT_CHECKED = {"distillation.md"}  # its figures are of distilled students, other models than the bundles
 MODEL_NAME = r"(?<![\w/.:-]){}(?![\w.-])"  # flowers32, `flowers32`, pretrained:flowers32; not runs/flowers32 or flowers64-fast
 FIGURE = re.compile(r"\b(?:FID|KID|class accuracy|asked class in)\b[^.\d|]{0,16}?(\d+\.\d+)")
 FIGURE_COLUMN = re.compile(r"\b(?:FID|KID|class accuracy)\b")
@@ -93,7 +92,7 @@ def test_the_models_page_shows_the_table_the_records_print():
                                "`ddim pretrained --markdown` between its markers")
 
 
-@pytest.mark.parametrize("page", [page for page in GUIDES if page.name not in NOT_CHECKED],
+@pytest.mark.parametrize("page", GUIDES,
                          ids=lambda page: page.relative_to(REPO).as_posix())
 def test_a_guide_quotes_a_bundled_models_figures_as_its_record_has_them(page):
     models = shipped()
