@@ -232,3 +232,17 @@ def test_the_serve_benchmark_picks_a_bundled_model_with_pretrained():
     serve = load_benchmark("serve")
     assert serve.model_options("pretrained:flowers32") == ["--pretrained", "flowers32"]
     assert serve.model_options("runs/flowers32/checkpoints/10220") == ["--checkpoint", "runs/flowers32/checkpoints/10220"]
+
+
+def test_cli_timing_times_whole_sample_commands_of_a_bundled_model(trained_workdir, tmp_path, monkeypatch):
+    cli_timing = load_benchmark("cli_timing")
+    name = bundle(trained_workdir, tmp_path, monkeypatch)
+    out = tmp_path / "timing.jsonl"
+    [line] = cli_timing.main(["--models", name, "--num", "2", "--repeats", "2", "--out", str(out)])
+    assert line["command"] == f"ddim sample --pretrained {name} --num 2 --out DIR"
+    assert len(line["wall_seconds"]) == len(line["reported_seconds"]) == 2
+    # The reported seconds (ddim sample's last line) are a part of each whole command's wall time.
+    assert all(0 < reported <= wall for reported, wall in zip(line["reported_seconds"], line["wall_seconds"]))
+    assert json.loads(out.read_text()) == line
+    with pytest.raises(SystemExit, match="error: .* failed"):
+        cli_timing.main(["--models", "no-such-model", "--repeats", "1"])
