@@ -344,7 +344,12 @@ def test_an_eval_request_is_checked_when_made():
     loose = evaluation.EvalRequest.of("run", steps=3, spacing="karras", eta=0.5, weights="w.h5", num=4)
     assert loose.spec is None and loose.inception_weights == "w.h5"
     assert loose.spec_changes == (("steps", 3), ("spacing", "karras"), ("eta", 0.5))
-    assert SamplingSpec.of(SamplingSpec(steps=20, guidance=2.0), **dict(loose.spec_changes)) == SamplingSpec(
+    # As the job resolves them (ddim.evaluation.job): against the loaded model's defaults, here a bundle's.
+    from ddim.config import ModelConfig
+    from ddim.spec import SamplingRules
+
+    rules = SamplingRules.of(ModelConfig(), defaults=SamplingSpec(steps=20, guidance=2.0))
+    assert rules.resolve(loose.spec, **dict(loose.spec_changes)) == SamplingSpec(
         steps=3, spacing="karras", eta=0.5, guidance=2.0)
     with pytest.raises(evaluation.EvaluationError, match="steps"):
         evaluation.EvalRequest.of("run", steps=0)
