@@ -36,14 +36,14 @@ def cpu_name() -> str:
     return f"{os.cpu_count()}-core {platform.processor() or platform.machine()}"
 
 
-def time_command(name: str, num: int, repeats: int, extra: list[str]) -> dict:
+def time_command(name: str, num: int, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         env = {**os.environ, "DDIM_COMPILATION_CACHE": str(Path(scratch) / "jax-cache")}
         load = os.getloadavg()[0]
         walls, reported = [], []
         for run in range(repeats):
             command = [sys.executable, "-m", "ddim.cli", "sample", "--pretrained", name, "--num", str(num),
-                       "--out", str(Path(scratch) / f"run{run}"), *extra]
+                       "--out", str(Path(scratch) / f"run{run}")]
             started = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             walls.append(round(time.perf_counter() - started, 2))
@@ -53,8 +53,8 @@ def time_command(name: str, num: int, repeats: int, extra: list[str]) -> dict:
             match = REPORTED.search(last)
             reported.append(float(match.group(1)) if match else None)
     return {"measured": datetime.date.today().isoformat(),
-            "command": f"ddim sample --pretrained {name} --num {num} --out DIR" + "".join(f" {e}" for e in extra),
-            "setting": "the model's defaults" if not extra else "as the command says", "cpu": cpu_name(),
+            "command": f"ddim sample --pretrained {name} --num {num} --out DIR",
+            "setting": "the model's defaults", "cpu": cpu_name(),
             "load_average_before": round(load, 2), "wall_seconds": walls, "reported_seconds": reported,
             "note": f"{repeats} runs in a row, the first with an empty compilation cache"}
 
@@ -68,7 +68,7 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     lines = []
     for name in args.models:
-        line = time_command(name, args.num, args.repeats, [])
+        line = time_command(name, args.num, args.repeats)
         print(json.dumps(line), flush=True)
         lines.append(line)
         if args.out:
