@@ -1,0 +1,78 @@
+"""``[distill]``: the settings of ``ddim distill`` (docs/distillation.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddim.config.parsing import ConfigError, at_least, choice
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """``ddim distill``: progressive distillation (Salimans & Ho 2022, Algorithm 2) of a teacher into few-step
+    students, with the guidance scale folded into the student first for class-conditional teachers (Meng et al.
+    2023, stage one). Defaults follow the papers' reference code (google-research ``diffusion_distillation``,
+    ``cifar_distill.py``) where it fits a CPU-sized run; see docs/distillation.md."""
+
+    start_steps: int = 32
+    """The teacher's DDIM step count the first round starts from: its deterministic DDIM sample on the uniform
+    grid of this many steps is what the students learn to reproduce in fewer."""
+    end_steps: int = 1
+    """The last round's student step count; start_steps / end_steps must be a power of 2 (rounds halve)."""
+    round_steps: int = 2000
+    """Optimiser steps per halving round (the reference: 50,000 at batch 128 on TPUs)."""
+    first_stage_steps: int = 2000
+    """Optimiser steps of stage one: the student learns the teacher's guided prediction at start_steps' times,
+    with the guidance scale as an input (Meng et al. 2023) and in its own prediction target. Only run when the
+    teacher is class-conditional or predicts another target than the student; else round one starts from the
+    teacher."""
+    prediction: str = "velocity"
+    """The student's prediction target: "velocity" (v = alpha eps - sigma x_0) or "image" (x_0; the reference's
+    choice). Not "noise": a noise prediction divides by the signal rate to give the image, which at one step
+    (signal rate 0.02) magnifies its error fifty-fold (Salimans & Ho 2022, section 4)."""
+    learning_rate: float = 1e-4
+    """Adam's learning rate at the start of every round, decayed linearly to 0 at its end (the reference: 5e-5
+    over 50,000 steps; shorter rounds take a larger one)."""
+    batch_size: int = 64
+    """Images per optimiser step."""
+    grad_clip: float = 1.0
+    """Clip the gradient's global norm to this (the reference: 1); 0: no clipping."""
+    ema_decay: float = 0.0
+    """Decay of the student's weight average used as the next teacher and for sampling; 0 uses the weights
+    themselves (the reference: 0, as the learning rate decays to 0 in every round)."""
+    guidance_min: float = 0.0
+    """Class-conditional teachers: the lowest guidance scale the student learns (0: the unconditional model)."""
+    guidance_max: float = 4.0
+    """Class-conditional teachers: the highest guidance scale the student learns (Meng et al.: w in [0, 4] on
+    ImageNet 64, their w being this project's scale minus 1)."""
+    label_dropout: float = 0.1
+    """Class-conditional teachers: the share of images distilled with the null class, so the student keeps the
+    unconditional prediction that the verbs without a class use (the teacher's own train.label_dropout)."""
+    seed: int = 0
+    """Seed of the data order, noise, times and guidance scales."""
+
+
+
+def validate_distill(d: DistillConfig) -> None:
+    """Check the relations between ``[distill]`` values that types alone cannot express."""
+    at_least(1, {"distill.start_steps": d.start_steps, "distill.end_steps": d.end_steps,
+                 "distill.round_steps": d.round_steps, "distill.batch_size": d.batch_size})
+    at_least(0, {"distill.first_stage_steps": d.first_stage_steps})
+    ratio = d.start_steps // d.end_steps
+    if d.start_steps % d.end_steps or ratio < 2 or ratio & (ratio - 1):
+        reachable = ", ".join(str(d.start_steps >> k) for k in range(1, d.start_steps.bit_length())
+                              if d.start_steps % (1 << k) == 0)
+        raise ConfigError(f"distill.end_steps ({d.end_steps}) is not reachable by halving distill.start_steps "
+                          f"({d.start_steps}); reachable: {reachable or 'none (start_steps is odd)'}")
+    choice("distill.prediction", d.prediction, ("velocity", "image"))
+    if not d.learning_rate > 0:
+        raise ConfigError(f"distill.learning_rate must be > 0, got {d.learning_rate}")
+    if d.grad_clip < 0:
+        raise ConfigError(f"distill.grad_clip must be >= 0, got {d.grad_clip}")
+    if not 0.0 <= d.ema_decay < 1.0:
+        raise ConfigError(f"distill.ema_decay must be in [0, 1), got {d.ema_decay}")
+    if not 0.0 <= d.guidance_min <= d.guidance_max:
+        raise ConfigError(f"need 0 <= distill.guidance_min <= distill.guidance_max, got {d.guidance_min} and "
+                          f"{d.guidance_max}")
+    if not 0.0 <= d.label_dropout < 1.0:
+        raise ConfigError(f"distill.label_dropout must be in [0, 1), got {d.label_dropout}")

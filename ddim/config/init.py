@@ -1,0 +1,39 @@
+"""``[init]``: fine-tuning, a run that starts from a trained model's weights instead of random ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddim.config.parsing import choice
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """Where a run's first weights come from (``ddim train --init SOURCE``; docs/finetuning.md).
+
+    With a ``source`` the run starts from its averaged (EMA) weights, the ones it samples with, with a fresh
+    optimiser at step 0 and this config's warm-up and schedule; it takes its network's shape from the source.
+    ``source_step`` and ``source_sha256`` are filled in when the run starts and stored in every checkpoint."""
+
+    source: str = ""
+    """The trained model to start from: ``pretrained:NAME`` (``ddim pretrained`` lists them), a run's work
+    directory (its newest checkpoint) or a checkpoint step directory. Empty: random initial weights."""
+    new_classes: str = "null"
+    """How the class vector of a class the source does not know (matched by name) starts: "null" (a copy of the
+    source's null-class vector, so the class starts as the source's unconditional prediction), "mean" (the mean
+    of the source's class vectors) or "random" (the embedding's own initialisation)."""
+    normalizer: str = "keep"
+    """The input normaliser's statistics (per-channel mean and variance of the training images) at the start:
+    "keep" the source's, or "adapt" them to the new data's first ``train.normalizer_batches`` batches. Either
+    way training moves them to the new data (momentum 0.99); see docs/finetuning.md for what each measured."""
+    source_step: int = -1
+    """Filled in when the run starts: the training step of the source's weights (-1: no source)."""
+    source_sha256: str = ""
+    """Filled in when the run starts: the SHA-256 of the source's weights as loaded (for a bundled model, the
+    one its ``model.json`` and ``ddim pretrained`` show)."""
+
+
+def validate_init(i: InitConfig) -> None:
+    """Check the ``[init]`` choices."""
+    choice("init.new_classes", i.new_classes, ("null", "mean", "random"))
+    choice("init.normalizer", i.normalizer, ("keep", "adapt"))
