@@ -26,6 +26,9 @@ def train(
     workdir: Optional[Path] = workdir_option("Work directory (default: runs/<config name>, with an image folder runs/<config name>-<folder name>)."),
     data: Optional[Path] = typer.Option(None, "--data", "-d", help=DATA_HELP),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
+    init: Optional[str] = typer.Option(
+        None, "--init", help="Fine-tune: start from a trained model (pretrained:NAME, a run directory or a checkpoint "
+        "step directory) instead of random weights; the network's shape comes from it (docs/finetuning.md)."),
     compilation_cache: Optional[str] = compilation_cache_option(),
     coordinator: Optional[str] = typer.Option(
         None, "--coordinator", help="Multi-host: address host:port of process 0 (or set DDIM_DISTRIBUTED=1)."
@@ -33,12 +36,13 @@ def train(
     num_processes: Optional[int] = typer.Option(None, "--num-processes", help="Multi-host: number of processes."),
     process_id: Optional[int] = typer.Option(None, "--process-id", help="Multi-host: index of this process."),
 ):
-    """Train (or resume training) a DDIM; Ctrl-C saves a checkpoint, running again resumes."""
-    from ddim.config import load_config
+    """Train (or resume training) a DDIM, from random weights or a trained model (--init); Ctrl-C saves a
+    checkpoint, running the same command again resumes."""
+    from ddim.train.init import load_run_config
     from ddim.workdir import check_free
 
     with user_errors():
-        cfg = load_config(config, with_data(overrides, data))
+        cfg = load_run_config(config, with_data(overrides, data), init)
         workdir = workdir or default_workdir(cfg)
         single = coordinator is None and process_id is None and not os.environ.get("DDIM_DISTRIBUTED")
         if single:  # the processes of a multi-host run share one lock, taken later by process 0

@@ -74,6 +74,13 @@ class ModelConfig:
 
 
 
+    @property
+    def takes_classes(self) -> bool:
+        """Whether sampling takes classes: a class-conditional network with classes (a class-conditional model
+        fine-tuned on images without classes has only its null class, and samples as an unconditional one)."""
+        return self.class_conditional and self.num_classes > 0
+
+
 def validate_model(m: ModelConfig) -> None:
     """Check the relations between ``[model]`` values that types alone cannot express."""
     levels = len(m.widths) - 1

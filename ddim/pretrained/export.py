@@ -3,7 +3,7 @@
 The weights are exactly the checkpoint's (float32, the variables
 :func:`ddim.checkpoint.load_ema` gives), so the bundle samples the same pixels.
 Paths of the training machine (the TFDS and cache directories, the KID
-weights) are cleared from the stored config: they mean nothing elsewhere. A model
+weights; a fine-tune's source path is cut to its last two parts) are cleared from the stored config: they mean nothing elsewhere. A model
 trained on a copy of a dataset (a folder exported from TFDS on a machine without
 TensorFlow) can name the dataset itself as the data ``ddim eval`` scores it against
 (``real_data``); where it was trained is kept in the record.
@@ -20,14 +20,17 @@ from ddim.checkpoint.ema import load_ema
 from ddim.config import Config, DataConfig
 from ddim.pretrained.bundle import Manifest, write_bundle
 from ddim.pretrained.record import fid_from_eval_file, given_fid, training_record, workdir_eval_file
-from ddim.pretrained.registry import bundled_root, check_name
+from ddim.pretrained.registry import bundled_root, check_name, pretrained_name
 
 
 def portable_config(config: Config, real_data: DataConfig | None = None) -> Config:
     """``config`` without the paths of the machine it was trained on; its data ``real_data`` when given."""
     data = dataclasses.replace(real_data if real_data is not None else config.data, data_dir="", cache_dir="")
     train = dataclasses.replace(config.train, inception_weights="")
-    return dataclasses.replace(config, data=data, train=train)
+    init = config.init
+    if init.source and pretrained_name(init.source) is None:  # a path: its last two parts, as the record's checkpoint
+        init = dataclasses.replace(init, source="/".join(Path(init.source).parts[-2:]))
+    return dataclasses.replace(config, data=data, train=train, init=init)
 
 
 def export_checkpoint(

@@ -251,6 +251,12 @@ def _class_accuracy(score: dict[str, Any] | None) -> str | None:
     return text
 
 
+def describe_init(config: Config) -> str:
+    """Where a fine-tuned model's first weights came from, in words (its ``[init]``)."""
+    init = config.init
+    return f"from {init.source} (its step {init.source_step:,}, weights sha256 {init.source_sha256[:16]}...)"
+
+
 def network_summary(config: Config, parameters: int, weights_bytes: int) -> str:
     """The network in words, from the config that rebuilds it."""
     model = config.model
@@ -272,7 +278,7 @@ def network_summary(config: Config, parameters: int, weights_bytes: int) -> str:
 def facts(manifest) -> list[tuple[str, str]]:
     """``(label, text)`` rows of one bundled model: what ``ddim pretrained`` prints and docs/models.md shows."""
     model, record = manifest.config.model, manifest.record
-    kind = f"class-conditional, {len(model.class_names)} classes" if model.class_conditional else "unconditional"
+    kind = f"class-conditional, {len(model.class_names)} classes" if model.takes_classes else "unconditional"
     rows = [("images", f"{model.image_size}x{model.image_size}, {kind}"),
             ("network", network_summary(manifest.config, manifest.parameters, manifest.bytes))]
     images = record.get("images_seen")
@@ -281,6 +287,8 @@ def facts(manifest) -> list[tuple[str, str]]:
         trained += f", {record.get('steps'):,} steps, {images:,} images seen"
     trained += f", on {record.get('hardware') or 'unrecorded hardware'}"
     rows.append(("trained", trained))
+    if manifest.config.init.source:
+        rows.append(("fine-tuned", describe_init(manifest.config)))
     if model.distilled_steps:
         teacher = record.get("distilled_from") or "an unrecorded teacher"
         rows.append(("distilled", f"from {teacher}; samples with {model.distilled_steps} deterministic DDIM steps "
@@ -320,7 +328,7 @@ def describe(manifest) -> list[str]:
     """``ddim pretrained``'s lines for one bundled model (a :class:`~ddim.pretrained.bundle.Manifest`)."""
     model = manifest.config.model
     size = f"{model.image_size}x{model.image_size}"
-    kind = f"class-conditional, {len(model.class_names)} classes" if model.class_conditional else "unconditional"
+    kind = f"class-conditional, {len(model.class_names)} classes" if model.takes_classes else "unconditional"
     lines = [f"{manifest.name}: {size} images, {kind}"]
     lines += [f"  {label}: {text}" for label, text in facts(manifest)[1:]]
     return lines

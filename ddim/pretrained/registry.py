@@ -123,3 +123,18 @@ def load_pretrained(name: str, root: str | os.PathLike | None = None):
     check_fits_config(manifest.config, variables, manifest.directory)
     return LoadedCheckpoint(manifest.config, variables, manifest.record.get("steps"), manifest.directory,
                             sampling_defaults(manifest))
+
+
+def load_source(source: str | os.PathLike, step: int | None = None, warn=None):
+    """The config and EMA variables of ``source``: ``"pretrained:NAME"`` (a bundled model, :func:`load_pretrained`)
+    or a work directory, its ``checkpoints`` folder or a step directory (:func:`ddim.checkpoint.load_ema`), as a
+    :class:`ddim.checkpoint.LoadedCheckpoint`. What ``ddim.load`` and ``ddim train --init`` read."""
+    from ddim.checkpoint.ema import load_ema
+    from ddim.errors import InputError
+
+    name = pretrained_name(source)
+    if name is None:
+        return load_ema(source, step, warn)
+    if step is not None:
+        raise InputError(f"a bundled model has one step; leave out step (got {step}) with {source!r}")
+    return load_pretrained(name)

@@ -23,7 +23,7 @@ class ClassSpace:
 
     @classmethod
     def of(cls, model: ModelConfig) -> "ClassSpace":
-        if not model.class_conditional:
+        if not model.takes_classes:
             return cls(False)
         names = model.class_names or tuple(str(i) for i in range(model.num_classes))
         return cls(True, tuple(names), tuple(model.class_counts))

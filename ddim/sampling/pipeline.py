@@ -324,16 +324,8 @@ def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] 
     also for a damaged named step, an unknown bundled model or one whose
     weights were changed.
     """
-    from ddim.pretrained.registry import load_pretrained, pretrained_name
+    from ddim.pretrained.registry import load_source, pretrained_name
 
-    name = pretrained_name(path)
-    if name is not None:
-        if step is not None:
-            raise InputError(f"a bundled model has one step; leave out step (got {step}) with {path!r}")
-        loaded = load_pretrained(name)
-        return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path, pretrained=name,
-                        defaults=loaded.defaults)
-    from ddim.checkpoint import load_ema
-
-    loaded = load_ema(path, step, warn)
-    return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path)
+    loaded = load_source(path, step, warn)
+    return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path,
+                    pretrained=pretrained_name(path), defaults=loaded.defaults)

@@ -28,6 +28,7 @@ from ddim.config import Config
 from ddim.errors import UserError, environment_error
 from ddim.model import DiffusionModel
 from ddim.summary import Progress, Reporter, SummaryWriter
+from ddim.train import init as init_lib
 from ddim.train import state as state_lib
 from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, TrainingError, default_actions
 from ddim.train.state import TrainState
@@ -193,15 +194,23 @@ class TrainingRun(RunOutputs):
         except BaseException:
             checkpointer.close()
             raise
-        latest = None
+        latest, init_note = None, None
         if resumed is not None:
             latest, state = resumed
-        elif t.normalizer_batches:
-            # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
-            # run denormalises its samples correctly.
-            first = data_lib.first_batches(train_images, config, t.normalizer_batches)
-            stats = state_lib.image_statistics(first)
-            state = parallel.replicate(state_lib.set_normalizer_stats(state, *stats), mesh)
+            if config.init.source:  # the run's own checkpoints win; its record of the source stays
+                init_note = (f"{workdir} already has checkpoints: resuming from step {int(state.step)}; "
+                             f"--init {config.init.source} is not read")
+                config = dataclasses.replace(config, init=checkpointer.restore_config(latest).init)
+        else:
+            if config.init.source:
+                config, state = _start_from_source(config, state, mesh)
+                init_note = init_lib.describe(config)
+            if t.normalizer_batches and (not config.init.source or config.init.normalizer == "adapt"):
+                # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
+                # run denormalises its samples correctly.
+                first = data_lib.first_batches(train_images, config, t.normalizer_batches)
+                stats = state_lib.image_statistics(first)
+                state = parallel.replicate(state_lib.set_normalizer_stats(state, *stats), mesh)
         start_step = int(state.step)
 
         progress = Progress(total_steps, start_step, description=config.name)
@@ -220,6 +229,8 @@ class TrainingRun(RunOutputs):
         writer = _summary_writer(workdir, say) if is_writer and start_step < total_steps else None
         resuming = f"; resuming from step {start_step}" if latest is not None else ""
         say(f"{config.name}: {steps_per_epoch} steps/epoch, {total_steps} steps, workdir {workdir}{resuming}")
+        if init_note and is_writer:
+            say(init_note)
         return cls(
             config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
             checkpointer, train_images, val_images, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
@@ -288,6 +299,10 @@ def with_data_classes(config: Config, data) -> Config:
     """
     if not config.model.class_conditional:
         return config
+    if not data.num_classes and config.init.source:
+        # A class-conditional source fine-tuned on images without classes trains through its null class alone.
+        model = dataclasses.replace(config.model, num_classes=0, class_names=(), class_counts=())
+        return dataclasses.replace(config, model=model)
     if not data.num_classes:
         raise UserError(f"model.class_conditional needs labelled data, and {data.describe()} has no classes "
                         "(an image folder gives its first-level subfolders as classes)")
@@ -295,6 +310,17 @@ def with_data_classes(config: Config, data) -> Config:
     model = dataclasses.replace(config.model, num_classes=data.num_classes, class_names=tuple(data.class_names),
                                 class_counts=tuple(int(c) for c in counts))
     return dataclasses.replace(config, model=model)
+
+
+def _start_from_source(config: Config, state: TrainState, mesh) -> tuple[Config, TrainState]:
+    """A fine-tune's first state (:mod:`ddim.train.init`): the source's EMA weights as parameters and averages,
+    a fresh optimiser at step 0; and ``config`` with the source's step and weights' digest."""
+    loaded = init_lib.load_source(config.init.source)
+    init_lib.check_fits_source(config, loaded.config)
+    config = init_lib.with_source_record(config, loaded)
+    fresh = {"params": state.params, "batch_stats": state.batch_stats}
+    variables = init_lib.initial_variables(config, loaded, fresh)
+    return config, parallel.replicate(state_lib.with_variables(state, variables), mesh)
 
 
 def _resume(checkpointer: Checkpointer, step: int, config: Config, template: TrainState) -> TrainState:

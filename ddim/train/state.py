@@ -99,6 +99,16 @@ def create_train_state(config: Config, rng, mesh=None, total_steps: int | None =
     return parallel.replicate(state, mesh or parallel.data_mesh())
 
 
+def with_variables(state: TrainState, variables: dict[str, Any]) -> TrainState:
+    """``state`` with ``variables`` (``{"params", "batch_stats"}``) as its weights and their averages; the optimiser
+    state is unchanged (a fresh one holds no trace of the weights: zero moments, step 0)."""
+    params = jax.tree.map(jnp.asarray, variables["params"])
+    batch_stats = jax.tree.map(jnp.asarray, variables["batch_stats"])
+    return state.replace(params=params, batch_stats=batch_stats,
+                         # Copies, not aliases: the train step donates every buffer of the state.
+                         ema_params=jax.tree.map(jnp.copy, params), ema_batch_stats=jax.tree.map(jnp.copy, batch_stats))
+
+
 def ema_decay_at(step, decay: float, warmup: bool):
     """EMA decay for the update after ``step`` optimiser steps.
 

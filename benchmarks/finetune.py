@@ -1,0 +1,202 @@
+"""Fine-tuned from flowers32 against trained from scratch, on images neither has seen: Fashion-MNIST at 32x32.
+
+Run:  python benchmarks/finetune.py export /data/fashion32 [--idx /usr/share/datasets/fashion-mnist]
+      python benchmarks/finetune.py run --data /data/fashion32 --out runs/finetune-fashion --step-seconds S \
+          [--minutes 10 30 90] [--per-class 0 100] [--num 1000]
+      python benchmarks/finetune.py plot --out runs/finetune-fashion --png docs/images/finetune-fashion.png
+
+``export`` writes Fashion-MNIST's original IDX files (Debian's package ``dataset-fashion-mnist``) as image
+folders by class at 32x32 (bilinear from 28x28, grayscale PNGs that training reads as RGB): ``train/`` (all
+60,000), ``train-100/`` (the first 100 of each class, 1,000 images) and ``test/`` (all 10,000).
+
+``run`` trains both arms with ``configs/finetune32.toml`` (the same settings: flowers32's network and recipe)
+on each training folder (``--per-class 0`` is all images), one from random weights and one from
+``pretrained:flowers32`` (``ddim train --init``), and scores each at ``--minutes`` of training: FID and KID
+with the standard FID Inception against all 10,000 test images, and class accuracy (a classifier on the FID
+features of the test images), ``--num`` samples of 20 DDIM steps on the uniform grid, guidance 1, seed 0. A
+minute of training is ``60 / --step-seconds`` optimiser steps, the step time of this config on the machine
+measured on its own (``python benchmarks/bench.py --config configs/finetune32.toml``: seconds a step =
+batch 64 / its images per second), so the comparison holds whatever else the machine does while it runs;
+both arms take the same steps (fine-tuning only adds the few seconds that load the source). Each run's
+schedule is the longest mark's, and it trains in segments up to each mark (a stop and a resume are exact), so
+the earlier marks are points of the one run. Rows go to ``<out>/finetune.jsonl``; a rerun trains and scores
+only what is missing.
+
+``plot`` draws FID against minutes for every arm (matplotlib: ``pip install -e ".[bench]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import ddim  # noqa: E402,F401  (sets the XLA flags before JAX starts)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import log  # noqa: E402
+
+IDX = Path("/usr/share/datasets/fashion-mnist")
+CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot")
+"""Fashion-MNIST's ten classes in label order (its README's names, as folder names)."""
+SIZE = 32
+SOURCE = "pretrained:flowers32"
+CONFIG = REPO / "configs" / "finetune32.toml"
+BENCH_SETTINGS = ["data.val_fraction=0.0", "data.dataset_repetitions=1", "train.eval_every=0",
+                  "train.checkpoint_every=100000", "train.keep_checkpoints=10"]
+"""The test images are a folder of their own: every training image trains, and each mark is scored with
+ddim eval; a checkpoint is kept at every mark."""
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (gzip or plain) as a numpy array: uint8 images ``(N, 28, 28)`` or labels ``(N,)``."""
+    data = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
+    dims = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def write_folder(out: Path, images: np.ndarray, labels: np.ndarray) -> int:
+    from PIL import Image
+
+    for row, (image, label) in enumerate(zip(images, labels)):
+        folder = out / CLASSES[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).resize((SIZE, SIZE), Image.BILINEAR).save(folder / f"{row:05d}.png")
+    return len(images)
+
+
+def first_per_class(labels: np.ndarray, count: int) -> np.ndarray:
+    """The indices of the first ``count`` images of each class, in file order."""
+    return np.sort(np.concatenate([np.flatnonzero(labels == c)[:count] for c in range(len(CLASSES))]))
+
+
+def export(args) -> None:
+    idx, out = Path(args.idx), Path(args.out)
+    files = {part: (idx / f"{prefix}-images-idx3-ubyte.gz", idx / f"{prefix}-labels-idx1-ubyte.gz")
+             for part, prefix in (("train", "train"), ("test", "t10k"))}
+    missing = [str(p) for pair in files.values() for p in pair if not p.is_file()]
+    if missing:
+        raise SystemExit(f"error: no Fashion-MNIST IDX file {missing[0]} (apt-get install dataset-fashion-mnist, "
+                         "or --idx DIR)")
+    for part, (images, labels) in files.items():
+        images, labels = read_idx(images), read_idx(labels)
+        log(f"{part}: wrote {write_folder(out / part, images, labels):,} images to {out / part}")
+        if part == "train":
+            keep = first_per_class(labels, args.per_class)
+            target = out / f"train-{args.per_class}"
+            log(f"{part}: wrote {write_folder(target, images[keep], labels[keep]):,} images to {target}")
+
+
+def steps_at(minutes: float, step_seconds: float) -> int:
+    return max(1, round(60.0 * minutes / step_seconds))
+
+
+def arm_config(arm: str, train_dir: Path, total_steps: int, overrides: list[str]):
+    from ddim.train import load_run_config
+
+    return load_run_config(CONFIG, [*BENCH_SETTINGS, f"data.image_dir={json.dumps(str(train_dir))}",
+                                    f"train.lr_decay_steps={total_steps}", *overrides],
+                           init=SOURCE if arm == "finetuned" else None)
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def run(args, feature_extractor_factory=None) -> None:
+    from ddim.evaluation import EvalRequest, evaluate
+    from ddim.spec import SamplingSpec
+    from ddim.train import train
+
+    data, out = Path(args.data), Path(args.out)
+    results = out / "finetune.jsonl"
+    marks = sorted(args.minutes)
+    total = steps_at(marks[-1], args.step_seconds)
+    for per_class in args.per_class:
+        train_dir = data / ("train" if per_class == 0 else f"train-{per_class}")
+        if not train_dir.is_dir():
+            raise SystemExit(f"error: no training folder {train_dir} (python benchmarks/finetune.py export ...)")
+        for arm in ("scratch", "finetuned"):
+            workdir = out / f"{arm}-{'all' if per_class == 0 else per_class}"
+            for minutes in marks:
+                key = {"arm": arm, "per_class": per_class, "minutes": minutes}
+                if any(all(row.get(k) == v for k, v in key.items()) for row in read_rows(results)):
+                    continue
+                steps = steps_at(minutes, args.step_seconds)
+                config = arm_config(arm, train_dir, total, [f"train.max_steps={steps}", *args.set])
+                log(f"{workdir.name}: training to step {steps} ({minutes:g} min at {args.step_seconds:g} s a step)")
+                train(config, workdir, log=lambda message: None)
+                step_dir = workdir / "checkpoints" / str(steps)
+                request = EvalRequest(step_dir, num=args.num, spec=SamplingSpec(steps=20), seed=0, split="all",
+                                      image_dir=data / "test", workdir=out / "eval", kid_subset_size=min(args.num, 1000))
+                record = evaluate(request, feature_extractor_factory=feature_extractor_factory, log=log,
+                                  show_progress=False)
+                row = {**key, "step": steps, "images_seen": steps * config.train.batch_size,
+                       "train_images": sum(1 for p in train_dir.rglob("*.png")),
+                       **{k: record.get(k) for k in ("fid", "kid", "class_accuracy", "real_class_accuracy", "num",
+                                                     "real_num", "steps", "sampler", "guidance")}}
+                with open(results, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                log(f"{workdir.name} at {minutes:g} min: FID {row['fid']:.2f}")
+
+
+def plot(args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_rows(Path(args.out) / "finetune.jsonl")
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for per_class in sorted({row["per_class"] for row in rows}):
+        for arm, style in (("scratch", "--"), ("finetuned", "-")):
+            points = sorted((row["minutes"], row["fid"]) for row in rows
+                            if row["arm"] == arm and row["per_class"] == per_class)
+            if points:
+                label = f"{arm}, {'all 60,000 images' if per_class == 0 else f'{per_class} images per class'}"
+                axis.plot(*zip(*points), style, marker="o", label=label)
+    axis.set_xlabel("minutes of training (2-core CPU)")
+    axis.set_ylabel("FID against the 10,000 test images")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(args.png, dpi=120)
+    log(f"wrote {args.png}")
+
+
+def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("export", help="Fashion-MNIST's IDX files as image folders by class at 32x32")
+    p.add_argument("out")
+    p.add_argument("--idx", default=str(IDX), help="the folder of the four IDX files")
+    p.add_argument("--per-class", type=int, default=100, help="images per class of the small training folder")
+    p = commands.add_parser("run", help="train and score both arms at each mark")
+    p.add_argument("--data", required=True, help="the folder `export` wrote")
+    p.add_argument("--out", required=True)
+    p.add_argument("--step-seconds", type=float, required=True, help="seconds a training step takes on this CPU")
+    p.add_argument("--minutes", type=float, nargs="+", default=[10, 30, 90])
+    p.add_argument("--per-class", type=int, nargs="+", default=[0, 100], help="0: all training images")
+    p.add_argument("--num", type=int, default=1000, help="samples scored at each mark")
+    p.add_argument("--set", action="append", default=[], help="a config override for both arms (tests)")
+    p = commands.add_parser("plot", help="FID against minutes")
+    p.add_argument("--out", required=True)
+    p.add_argument("--png", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "export":
+        export(args)
+    elif args.command == "run":
+        run(args, feature_extractor_factory)
+    else:
+        plot(args)
+
+
+if __name__ == "__main__":
+    main()

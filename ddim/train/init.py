@@ -1,0 +1,180 @@
+"""Fine-tuning: a run that starts from a trained model's weights (``ddim train --init SOURCE``).
+
+The source is a bundled model (``pretrained:NAME``), a run's work directory or a checkpoint step directory,
+read as sampling reads it (:func:`ddim.pretrained.registry.load_source`). The run:
+
+- takes its network's shape from the source (:func:`with_source_model`): the config may change what keeps the
+  weights meaningful (the data and classes, ``model.prediction``, dropout, the compute dtype, and every
+  ``[train]`` value: optimiser, schedule, batch size, averaging); any other model difference is a
+  :class:`~ddim.config.ConfigError` naming the field and both values, raised before anything is written;
+- starts from the source's averaged (EMA) weights, the ones it samples with, with a fresh optimiser at step 0
+  (:func:`initial_variables`), its classes matched by name (:func:`class_table`);
+- records the source, its step and its weights' SHA-256 in ``[init]``, so every checkpoint and a bundle
+  exported from it say where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ddim.config import Config, ConfigError, ModelConfig, config_values, from_dict
+from ddim.config.parsing import plain
+from ddim.errors import UserError
+
+TUNABLE = frozenset({"prediction", "dropout", "dtype", "class_conditional", "num_classes", "class_names",
+                     "class_counts"})
+"""The ``[model]`` fields a fine-tune may change: none changes a parameter's shape or what the noise levels mean
+(the classes change the class table's rows, which :func:`class_table` maps by name)."""
+CLASSES = ("num_classes", "class_names", "class_counts")
+"""Set from the new data when training starts, never taken from the source."""
+CLASS_TABLE = ("network", "classes", "table", "embedding")
+"""Where a class-conditional network keeps its class vectors, one row per class and the null class last."""
+
+
+def load_run_config(path=None, overrides: list[str] | None = None, init: str | None = None) -> Config:
+    """A run's config from a TOML file and overrides, as :func:`ddim.config.load_config`; with a source (``init``,
+    or ``init.source`` in the file or overrides) the network's shape comes from the source
+    (:func:`with_source_model`). What ``ddim train`` and ``ddim.train.finetune`` read."""
+    values = config_values(path, list(overrides or []) + ([f"init.source={_toml_string(init)}"] if init else []))
+    source = (values.get("init") or {}).get("source") if isinstance(values.get("init"), dict) else None
+    if not source:
+        return from_dict(values)
+    return from_dict(with_source_model(values, load_source_config(source)))
+
+
+def _toml_string(text: str) -> str:
+    import json
+
+    return json.dumps(str(text))
+
+
+def load_source_config(source: str) -> Config:
+    """The config of the model ``source`` names, its weights read and checked (a bundled model's SHA-256, a
+    checkpoint's integrity): a missing or damaged source is one ``error:`` line before anything is written."""
+    return load_source(source).config
+
+
+def load_source(source: str):
+    """The source's :class:`~ddim.checkpoint.LoadedCheckpoint` (config, EMA variables, step, path)."""
+    from ddim.pretrained.registry import load_source as load
+
+    loaded = load(source)
+    if loaded.config.model.distilled_steps or loaded.config.model.guidance_input:
+        raise UserError(f"{source} is a distilled student ({loaded.config.model.distilled_steps} steps): fine-tune "
+                        "the diffusion model it was distilled from instead")
+    return loaded
+
+
+def with_source_model(values: dict[str, Any], source: Config) -> dict[str, Any]:
+    """``values`` (a config's nested values) with the source's ``[model]`` under the keys the user set.
+
+    A key the user set that the source fixes (its shape, schedule, embedding layout) must equal the source's,
+    else :class:`ConfigError` naming it and both values. Without a name the run is ``<source name>-finetune``.
+    """
+    values = dict(values)
+    user = dict(values.get("model") or {})
+    theirs = plain(dataclasses.asdict(source.model))
+    fixed = set(theirs) - TUNABLE
+    if not source.model.class_conditional:
+        fixed.discard("class_embedding")  # an unconditional source has none: the fine-tune may choose its own
+    for key in sorted(fixed & set(user)):
+        if plain(user[key]) != theirs[key]:
+            raise ConfigError(f"model.{key} is {plain(user[key])!r} in this config but {theirs[key]!r} in the source "
+                              f"model {source.name}: a fine-tune keeps its source's network (it may change "
+                              f"{', '.join(sorted(f'model.{k}' for k in TUNABLE - set(CLASSES)))}, the classes, "
+                              "the data and [train])")
+    model = {key: value for key, value in theirs.items() if key not in CLASSES}
+    model.update(user)
+    values["model"] = model
+    values.setdefault("name", f"{source.name}-finetune")
+    return values
+
+
+def check_fits_source(config: Config, source: Config) -> None:
+    """``config``'s network must be the source's (:data:`TUNABLE` aside): one :class:`ConfigError` naming the
+    first field that differs, for a config built in Python rather than by :func:`load_run_config`."""
+    with_source_model({"model": plain(dataclasses.asdict(config.model))}, source)
+
+
+def with_source_record(config: Config, loaded) -> Config:
+    """``config`` with the source's step and weights' SHA-256 filled in ``[init]``."""
+    init = dataclasses.replace(config.init, source_step=int(loaded.step or 0), source_sha256=weights_sha256(loaded))
+    return dataclasses.replace(config, init=init)
+
+
+def weights_sha256(loaded) -> str:
+    """The SHA-256 of a source's weights: a bundled model's file digest (``ddim pretrained`` shows it); for a
+    checkpoint, of its EMA variables written as a bundle's safetensors would hold them (no metadata)."""
+    from ddim.pretrained.bundle import MANIFEST, flatten, read_manifest
+
+    if (loaded.path / MANIFEST).is_file():
+        return read_manifest(loaded.path).sha256
+    from safetensors.numpy import save
+
+    tensors = {key: np.ascontiguousarray(np.asarray(value)) for key, value in flatten(loaded.variables).items()}
+    return hashlib.sha256(save(tensors)).hexdigest()
+
+
+def class_table(source: ModelConfig, target: ModelConfig, table: np.ndarray | None, fresh: np.ndarray,
+                new_classes: str) -> np.ndarray:
+    """The fine-tune's class vectors: a row per ``target`` class, matched to the source's by name, then the null.
+
+    ``table`` is the source's (None for an unconditional source, whose null vector is zero: adding it changes
+    nothing, so every class starts as the source's unconditional prediction); ``fresh`` is the fine-tune's
+    random initialisation, of the target's shape. A class the source does not know starts as ``new_classes``
+    says (:class:`ddim.config.InitConfig`)."""
+    features = fresh.shape[1]
+    if table is None:
+        null, known = np.zeros((features,), fresh.dtype), {}
+        mean = null
+    else:
+        null = table[-1]
+        names = source.class_names or tuple(str(i) for i in range(source.num_classes))
+        known = {name: table[row] for row, name in enumerate(names)}
+        mean = table[:-1].mean(axis=0) if len(table) > 1 else null
+    rows = []
+    target_names = target.class_names or tuple(str(i) for i in range(target.num_classes))
+    for row, name in enumerate(target_names):
+        if name in known:
+            rows.append(known[name])
+        else:
+            rows.append({"null": null, "mean": mean, "random": fresh[row]}[new_classes])
+    return np.stack([*rows, null]).astype(fresh.dtype)
+
+
+def initial_variables(config: Config, loaded, fresh: dict[str, Any]) -> dict[str, Any]:
+    """The fine-tune's first ``{"params", "batch_stats"}``: the source's EMA variables in the structure of
+    ``fresh`` (the run's own random initialisation), the class table mapped by name."""
+    from flax import traverse_util
+
+    source_flat = traverse_util.flatten_dict(_numpy(loaded.variables))
+    fresh_flat = traverse_util.flatten_dict(_numpy(fresh))
+    table_key = ("params", *CLASS_TABLE)
+    result = {}
+    for key, value in fresh_flat.items():
+        if key == table_key:
+            result[key] = class_table(loaded.config.model, config.model, source_flat.get(key), value,
+                                      config.init.new_classes)
+        elif key in source_flat and source_flat[key].shape == value.shape:
+            result[key] = source_flat[key].astype(value.dtype)
+        else:  # with_source_model makes this unreachable for configs it built
+            raise ConfigError(f"the source's weights have no {'/'.join(key)} of shape {value.shape}: its network "
+                              "is not this config's")
+    return traverse_util.unflatten_dict(result)
+
+
+def _numpy(tree):
+    import jax
+
+    return jax.tree.map(np.asarray, tree)
+
+
+def describe(config: Config) -> str:
+    """The log line of a fine-tune's start."""
+    i = config.init
+    return (f"init: fine-tuning from {i.source} (its step {i.source_step}, weights sha256 {i.source_sha256[:16]}...; "
+            f"normaliser: {i.normalizer}, new classes: {i.new_classes})")

@@ -1,0 +1,73 @@
+"""benchmarks/finetune.py: Fashion-MNIST's IDX files as folders by class, and both arms trained and scored."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.test_bench import load_benchmark
+
+
+def write_idx(path, array):
+    """An IDX file as Fashion-MNIST ships them (gzip, big-endian sizes, uint8 data)."""
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
+
+
+def fake_fashion(root, train=30, test=20):
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    for prefix, count in (("train", train), ("t10k", test)):
+        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (count, 28, 28)))
+        write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", np.arange(count) % 10)
+    return root
+
+
+def test_export_writes_folders_by_class_at_32_pixels(tmp_path):
+    bench = load_benchmark("finetune")
+    idx = fake_fashion(tmp_path / "idx")
+    bench.main(["export", str(tmp_path / "out"), "--idx", str(idx), "--per-class", "2"])
+    train = sorted((tmp_path / "out" / "train").rglob("*.png"))
+    assert len(train) == 30 and len(list((tmp_path / "out" / "test").rglob("*.png"))) == 20
+    assert sorted(p.name for p in (tmp_path / "out" / "train").iterdir()) == sorted(bench.CLASSES)
+    assert len(list((tmp_path / "out" / "train-2").rglob("*.png"))) == 20  # 2 of each of the 10 classes
+    with Image.open(train[0]) as image:
+        assert image.size == (32, 32)
+    original = bench.read_idx(idx / "train-images-idx3-ubyte.gz")
+    assert original.shape == (30, 28, 28)
+    first = np.asarray(Image.open(tmp_path / "out" / "train" / "t-shirt" / "00000.png"))
+    resized = np.asarray(Image.fromarray(original[0]).resize((32, 32), Image.BILINEAR))
+    np.testing.assert_array_equal(first, resized)
+
+
+def test_export_without_the_idx_files_is_one_error_line(tmp_path):
+    bench = load_benchmark("finetune")
+    with pytest.raises(SystemExit, match="^error: no Fashion-MNIST IDX file .*dataset-fashion-mnist"):
+        bench.main(["export", str(tmp_path / "out"), "--idx", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_run_trains_and_scores_both_arms_at_each_mark_once(tmp_path):
+    from tests.test_evaluation import tiny_extractor
+
+    bench = load_benchmark("finetune")
+    bench.main(["export", str(tmp_path / "data"), "--idx", str(fake_fashion(tmp_path / "idx")), "--per-class", "2"])
+    run = ["run", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--step-seconds", "60",
+           "--minutes", "1", "2", "--per-class", "2", "--num", "4", "--set", "train.batch_size=4",
+           "--set", "train.warmup_steps=0", "--set", "train.normalizer_batches=1"]
+    bench.main(run, feature_extractor_factory=tiny_extractor)
+    rows = bench.read_rows(tmp_path / "out" / "finetune.jsonl")
+    assert [(r["arm"], r["minutes"], r["step"]) for r in rows] == [("scratch", 1, 1), ("scratch", 2, 2),
+                                                                   ("finetuned", 1, 1), ("finetuned", 2, 2)]
+    assert all(r["fid"] > 0 and r["num"] == 4 and r["real_num"] == 20 and r["train_images"] == 20 for r in rows)
+    from ddim.checkpoint import Checkpointer, checkpoint_dir
+
+    checkpointer = Checkpointer(checkpoint_dir(tmp_path / "out" / "finetuned-2"))
+    assert checkpointer.restore_config(2).init.source == "pretrained:flowers32"
+    assert checkpointer.restore_config(2).train.lr_decay_steps == 2  # one schedule, the longest mark's
+    checkpointer.close()
+    bench.main(run, feature_extractor_factory=tiny_extractor)  # a rerun does only what is missing: nothing
+    assert len(bench.read_rows(tmp_path / "out" / "finetune.jsonl")) == 4
