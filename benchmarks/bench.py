@@ -75,7 +75,8 @@ def bench_training(config, windows: int, window_steps: int) -> dict:
     from ddim.train import state as train_lib
 
     t = config.train
-    state = train_lib.create_train_state(config, jax.random.key(0))
+    # A decaying learning rate needs the run's length; its value does not change the step's cost.
+    state = train_lib.create_train_state(config, jax.random.key(0), total_steps=t.max_steps or 1000)
     shape = (t.batch_size, config.model.image_size, config.model.image_size, config.model.channels)
     batches = [
         jax.device_put({"image": np.random.default_rng(i).integers(0, 256, shape, dtype=np.uint8),
@@ -299,6 +300,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--sample-steps", type=int, default=20)
     parser.add_argument("--sample-repeats", type=int, default=3)
     parser.add_argument("--cli-num", type=int, default=16)
+    parser.add_argument("--skip-sampling", action="store_true", help="skip the sampling timing (training only)")
     parser.add_argument("--skip-cli", action="store_true", help="skip the end-to-end `ddim sample` timings")
     parser.add_argument("--skip-input", action="store_true", help="skip the input pipeline timing")
     parser.add_argument("--data", help="an image folder: the input pipeline reads it (sets data.image_dir)")
@@ -346,7 +348,8 @@ def run(args) -> dict:
     state, time_windows = result.pop("_state"), result.pop("_time_windows")
     if args.against_keras:
         state = bench_against_keras(config, result, state, time_windows, args.keras_rounds, args.keras_script)
-    result.update(bench_sampling(config, state, args.sample_num, args.sample_steps, args.sample_repeats))
+    if not args.skip_sampling:
+        result.update(bench_sampling(config, state, args.sample_num, args.sample_steps, args.sample_repeats))
     if not args.skip_cli:
         result.update(bench_cli(config, state, args.cli_num, args.sample_steps))
     if not args.skip_input:

@@ -305,3 +305,18 @@ def test_against_keras_that_cannot_run_is_one_error_line_before_any_timing(probl
     assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: ")
     expected = {"no script": str(script), "no tensorflow": "needs TensorFlow", "no rounds": "--keras-rounds"}[problem]
     assert expected in err[0]
+
+
+def test_the_step_profile_groups_xla_operations_by_kind_and_origin():
+    profile = load_benchmark("step_profile")
+    hlo = """
+  %ynn_fusion.3 = f32[64,32]{1,0} fusion(%p), kind=kCustom, metadata={op_name="jit(train_step)/transpose(jvp(DiffusionModel))/network/Conv_0/dot_general"}
+  %ynn_fusion.4 = f32[64,32]{1,0} fusion(%p), kind=kCustom, metadata={op_name="jit(train_step)/jvp(DiffusionModel)/network/Conv_0/dot_general"}
+  %transpose_copy_fusion.36 = f32[64,64,64,64]{3,2,1,0} fusion(%a), kind=kLoop
+"""
+    origins = profile.operation_origins(hlo)
+    assert origins == {"ynn_fusion.3": ("backward", "dot_general"), "ynn_fusion.4": ("forward", "dot_general")}
+    grouped = profile.group_events({"ynn_fusion.3": 5.0, "ynn_fusion.4": 2.0, "transpose_copy_fusion.36": 7.0,
+                                    "transpose_copy_fusion.37": 1.0}, origins)
+    assert grouped == {("ynn_fusion", "backward", "dot_general"): 5.0, ("ynn_fusion", "forward", "dot_general"): 2.0,
+                       ("transpose_copy_fusion", "-", "-"): 8.0}
