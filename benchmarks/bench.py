@@ -2,12 +2,15 @@
 
 Run:  python benchmarks/bench.py --config configs/flowers64.toml [--set key=value ...] [--out result.json]
       python benchmarks/bench.py --config configs/folder64.toml --data path/to/images   (no TensorFlow needed)
+      python benchmarks/bench.py --config configs/flowers64.toml --against-keras   (beside the Keras example)
 
 Prints one JSON object (see docs/benchmarks.md). Everything runs on the default JAX backend, so the same
 script measures a CPU, a GPU or a TPU. Training is timed on device-resident random batches (the model's
 compute); the input pipeline (the data cache read by the Grain loader, as training reads it) is timed
 separately, and compared with what training consumes. With ``--data`` the images come from that folder and
-nothing imports TensorFlow, so it runs on a machine whose image has JAX but not TensorFlow.
+nothing imports TensorFlow, so it runs on a machine whose image has JAX but not TensorFlow. With
+``--against-keras`` the Keras example's training step (``--keras-script``, which needs TensorFlow) is timed in a
+subprocess, alternating with ddim's training windows, so both rates come from the same minutes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -24,6 +28,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The Keras DDIM example's network and training step, timed with TensorFlow; it lives beside the repository.
+KERAS_SCRIPT = REPO.parent / "shared" / "bench" / "keras_ddim_step.py"
+# What the script prints: "keras 64px b64 step 3.094s img/s 20.7" ("keras xla ..." with XLA).
+KERAS_LINE = re.compile(r"^keras(?: xla)? (?P<size>\d+)px b(?P<batch>\d+) step (?P<step>[\d.]+)s img/s (?P<rate>[\d.]+)$")
 sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
@@ -67,7 +75,8 @@ def bench_training(config, windows: int, window_steps: int) -> dict:
     from ddim.train import state as train_lib
 
     t = config.train
-    state = train_lib.create_train_state(config, jax.random.key(0))
+    # A decaying learning rate needs the run's length; its value does not change the step's cost.
+    state = train_lib.create_train_state(config, jax.random.key(0), total_steps=t.max_steps or 1000)
     shape = (t.batch_size, config.model.image_size, config.model.image_size, config.model.channels)
     batches = [
         jax.device_put({"image": np.random.default_rng(i).integers(0, 256, shape, dtype=np.uint8),
@@ -82,15 +91,20 @@ def bench_training(config, windows: int, window_steps: int) -> dict:
     flops = flops_of(compiled)
     state, metrics = compiled(state, batches[0], rng)  # warm-up step
     jax.block_until_ready(metrics)
-    rates, step_times = [], []
-    for window in range(windows):
-        start = time.perf_counter()
-        for i in range(window_steps):
-            state, metrics = compiled(state, batches[i % len(batches)], rng)
-        jax.block_until_ready((state, metrics))
-        seconds = (time.perf_counter() - start) / window_steps
-        step_times.append(seconds)
-        rates.append(t.batch_size / seconds)
+
+    def time_windows(state, count: int):
+        """``count`` windows of ``window_steps`` steps: the new state and each window's seconds per step."""
+        seconds = []
+        for _ in range(count):
+            start = time.perf_counter()
+            for i in range(window_steps):
+                state, metrics = compiled(state, batches[i % len(batches)], rng)
+            jax.block_until_ready((state, metrics))
+            seconds.append((time.perf_counter() - start) / window_steps)
+        return state, seconds
+
+    state, step_times = time_windows(state, windows)
+    rates = [t.batch_size / seconds for seconds in step_times]
     step_seconds = statistics.median(step_times)
     return {
         "train_batch_size": t.batch_size,
@@ -102,6 +116,7 @@ def bench_training(config, windows: int, window_steps: int) -> dict:
         "train_gflops_per_second": flops / step_seconds / 1e9 if flops else None,
         "train_peak_rss_mb": peak_rss_mb(),
         "_state": state,
+        "_time_windows": time_windows,
     }
 
 
@@ -166,6 +181,86 @@ def bench_cli(config, state, num: int, steps: int) -> dict:
         return result
 
 
+def keras_environment(environ) -> dict[str, str]:
+    """``environ`` for the Keras script: as a user runs it, without what ddim adds to its own process.
+
+    ddim's XLA:CPU flags (``ddim.runtime.CPU_XLA_FLAGS``) and the huge-page malloc tunable that the
+    restart added are taken out; the user's own settings stay.
+    """
+    env = dict(environ)
+    ours = {f"{name}={value}" for name, value in runtime.CPU_XLA_FLAGS.items()}
+    flags = [flag for flag in env.pop("XLA_FLAGS", "").split() if flag not in ours]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    if env.pop(runtime.RESTARTED_MARK, None):
+        tunables = [t for t in env.pop("GLIBC_TUNABLES", "").split(":") if t and t != runtime.FAST_MALLOC_TUNABLE]
+        if tunables:
+            env["GLIBC_TUNABLES"] = ":".join(tunables)
+    return env
+
+
+def parse_keras_output(text: str) -> dict:
+    """The Keras script's result line (its last matching line) as numbers; ValueError when there is none."""
+    for line in reversed(text.splitlines()):
+        match = KERAS_LINE.match(line.strip())
+        if match:
+            return {"image_size": int(match["size"]), "batch_size": int(match["batch"]),
+                    "seconds_per_step": float(match["step"]), "images_per_second": float(match["rate"])}
+    raise ValueError("no 'keras <size>px b<batch> step <s>s img/s <rate>' line in its output")
+
+
+def run_keras_step(script: Path, image_size: int) -> dict:
+    """Time the Keras example's step at ``image_size`` in a fresh process (it prints one result line)."""
+    done = subprocess.run([sys.executable, str(script), str(image_size)], capture_output=True, text=True,
+                          env=keras_environment(os.environ))
+    try:
+        return parse_keras_output(done.stdout)
+    except ValueError:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BenchError(f"the Keras step script failed (exit {done.returncode}): {last}") from None
+
+
+def keras_comparison(ddim_rates: list[float], keras_runs: list[dict]) -> dict:
+    """ddim's training rate beside the Keras example's, from alternating rounds (ddim, Keras, ddim, Keras, ...).
+
+    The ratio is the median of each round's ddim/Keras ratio, so each compares rates from the same minutes.
+    """
+    keras_rates = [run["images_per_second"] for run in keras_runs]
+    return {
+        "keras_images_per_second": statistics.median(keras_rates),
+        "keras_round_images_per_second": keras_rates,
+        "keras_batch_size": keras_runs[0]["batch_size"],
+        "keras_image_size": keras_runs[0]["image_size"],
+        "ddim_round_images_per_second": list(ddim_rates),
+        "train_to_keras_ratio": statistics.median(d / k for d, k in zip(ddim_rates, keras_rates)),
+    }
+
+
+def bench_against_keras(config, result: dict, state, time_windows, rounds: int, script: Path):
+    """Alternate ddim's training windows and the Keras script ``rounds`` times; returns the new state."""
+    ddim_rates, keras_runs = [], []
+    for _ in range(rounds):
+        state, seconds = time_windows(state, 1)
+        ddim_rates.append(config.train.batch_size / seconds[0])
+        keras_runs.append(run_keras_step(script, config.model.image_size))
+    result.update(keras_comparison(ddim_rates, keras_runs))
+    return state
+
+
+class BenchError(Exception):
+    """A benchmark that cannot run as asked: reported as one ``error:`` line."""
+
+
+def check_keras_available(script: Path) -> None:
+    """Fail before any timing when ``--against-keras`` cannot run: no script, or no TensorFlow."""
+    import importlib.util
+
+    if not script.is_file():
+        raise BenchError(f"the Keras step script is not at {script} (give its path with --keras-script)")
+    if importlib.util.find_spec("tensorflow") is None:
+        raise BenchError("--against-keras needs TensorFlow (with Keras 3) installed to run the Keras example")
+
+
 def bench_input_pipeline(config, batches: int, cache_dir: str | None = None) -> dict:
     """Build (or reuse) the data cache, then time the training batches read from it."""
     from ddim import data
@@ -205,13 +300,33 @@ def main(argv=None) -> dict:
     parser.add_argument("--sample-steps", type=int, default=20)
     parser.add_argument("--sample-repeats", type=int, default=3)
     parser.add_argument("--cli-num", type=int, default=16)
+    parser.add_argument("--skip-sampling", action="store_true", help="skip the sampling timing (training only)")
     parser.add_argument("--skip-cli", action="store_true", help="skip the end-to-end `ddim sample` timings")
     parser.add_argument("--skip-input", action="store_true", help="skip the input pipeline timing")
     parser.add_argument("--data", help="an image folder: the input pipeline reads it (sets data.image_dir)")
     parser.add_argument("--data-cache", help="keep the data cache here (default: a temporary directory)")
     parser.add_argument("--input-batches", type=int, default=200, help="batches read to time the input pipeline")
+    parser.add_argument("--against-keras", action="store_true",
+                        help="also time the Keras example's training step (needs TensorFlow), alternating with ddim's")
+    parser.add_argument("--keras-script", type=Path, default=KERAS_SCRIPT,
+                        help="the Keras example's step script (default: ../shared/bench/keras_ddim_step.py)")
+    parser.add_argument("--keras-rounds", type=int, default=2,
+                        help="rounds of (ddim window, Keras run) for the comparison (median ratio reported)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run(args) -> dict:
+    """The benchmark of parsed ``args``: prints (and returns) the JSON result."""
+    if args.against_keras:
+        if args.keras_rounds < 1:
+            raise BenchError(f"--keras-rounds must be at least 1, got {args.keras_rounds}")
+        check_keras_available(args.keras_script)
 
     import jax
 
@@ -230,8 +345,11 @@ def main(argv=None) -> dict:
         "model_dtype": config.model.dtype,
     }
     result.update(bench_training(config, args.windows, args.window_steps))
-    state = result.pop("_state")
-    result.update(bench_sampling(config, state, args.sample_num, args.sample_steps, args.sample_repeats))
+    state, time_windows = result.pop("_state"), result.pop("_time_windows")
+    if args.against_keras:
+        state = bench_against_keras(config, result, state, time_windows, args.keras_rounds, args.keras_script)
+    if not args.skip_sampling:
+        result.update(bench_sampling(config, state, args.sample_num, args.sample_steps, args.sample_repeats))
     if not args.skip_cli:
         result.update(bench_cli(config, state, args.cli_num, args.sample_steps))
     if not args.skip_input:

@@ -36,7 +36,7 @@ CPU_XLA_FLAGS = {
 # ~2.2 GB of new 4 KiB pages: ~560k page faults, about a fifth of the step. Backing them with
 # transparent huge pages (glibc >= 2.35) cuts that to ~2k faults: 4.2 s -> 3.4-3.6 s per step.
 FAST_MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
-_RESTARTED_MARK = "DDIM_RESTARTED"
+RESTARTED_MARK = "DDIM_RESTARTED"
 
 
 def configure_xla_flags() -> str:
@@ -71,7 +71,7 @@ def fast_allocator_environment(environ=None) -> dict[str, str]:
     transparent huge pages, or when ``DDIM_RESTART=0``.
     """
     environ = os.environ if environ is None else environ
-    if _off("DDIM_RESTART", environ) or environ.get(_RESTARTED_MARK):
+    if _off("DDIM_RESTART", environ) or environ.get(RESTARTED_MARK):
         return {}
     tunables = environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in tunables or sys.platform != "linux":
@@ -96,7 +96,7 @@ def restart_with_fast_allocator() -> None:
     extra = fast_allocator_environment()
     if not extra:
         return
-    environ = {**os.environ, **extra, _RESTARTED_MARK: "1"}
+    environ = {**os.environ, **extra, RESTARTED_MARK: "1"}
     argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
     try:
         sys.stdout.flush()

@@ -246,3 +246,77 @@ def test_cli_timing_times_whole_sample_commands_of_a_bundled_model(trained_workd
     assert json.loads(out.read_text()) == line
     with pytest.raises(SystemExit, match="error: .* failed"):
         cli_timing.main(["--models", "no-such-model", "--repeats", "1"])
+
+
+KERAS_OUTPUT = """I0000 00:00:1795810761.250564 port.cc:153] oneDNN custom operations are on.
+keras 64px b64 step 3.094s img/s 20.7
+"""
+
+
+def test_the_keras_scripts_result_line_is_read_and_compared_round_by_round():
+    bench = load_benchmark("bench")
+    assert bench.parse_keras_output(KERAS_OUTPUT) == {
+        "image_size": 64, "batch_size": 64, "seconds_per_step": 3.094, "images_per_second": 20.7}
+    assert bench.parse_keras_output("keras xla 32px b64 step 0.5s img/s 128.0\n")["image_size"] == 32
+    with pytest.raises(ValueError):
+        bench.parse_keras_output("Traceback (most recent call last):\nImportError: no keras\n")
+    runs = [bench.parse_keras_output(f"keras 64px b64 step 1s img/s {rate}") for rate in (20.0, 10.0, 16.0)]
+    compared = bench.keras_comparison([30.0, 20.0, 16.0], runs)
+    # Each round's ratio (1.5, 2.0, 1.0), then the median: not the ratio of the medians (20 / 16).
+    assert compared["train_to_keras_ratio"] == 1.5
+    assert compared["keras_images_per_second"] == 16.0
+    assert compared["keras_round_images_per_second"] == [20.0, 10.0, 16.0]
+    assert (compared["keras_batch_size"], compared["keras_image_size"]) == (64, 64)
+
+
+def test_the_keras_script_runs_without_ddims_process_settings():
+    from ddim import runtime
+
+    bench = load_benchmark("bench")
+    ours = " ".join(f"{name}={value}" for name, value in runtime.CPU_XLA_FLAGS.items())
+    environ = {"XLA_FLAGS": f"--xla_dump_to=/tmp/x {ours}", "DDIM_RESTARTED": "1", "HOME": "/home/u",
+               "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{runtime.FAST_MALLOC_TUNABLE}"}
+    assert bench.keras_environment(environ) == {
+        "XLA_FLAGS": "--xla_dump_to=/tmp/x", "HOME": "/home/u", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    # A user's own tunable stays when ddim did not restart itself to add it.
+    assert bench.keras_environment({"GLIBC_TUNABLES": runtime.FAST_MALLOC_TUNABLE, "XLA_FLAGS": ours}) == {
+        "GLIBC_TUNABLES": runtime.FAST_MALLOC_TUNABLE}
+
+
+@pytest.mark.parametrize("problem", ["no script", "no tensorflow", "no rounds"])
+def test_against_keras_that_cannot_run_is_one_error_line_before_any_timing(problem, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    bench = load_benchmark("bench")
+    script = tmp_path / "keras_ddim_step.py"
+    args = ["--against-keras", "--keras-script", str(script)]
+    if problem != "no script":
+        script.write_text("print('keras 64px b64 step 1s img/s 64.0')\n")
+    if problem == "no tensorflow":
+        find_spec = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else
+                            find_spec(name, *a))
+    if problem == "no rounds":
+        args += ["--keras-rounds", "0"]
+    monkeypatch.setattr(bench, "bench_training", lambda *a: pytest.fail("timed although it cannot compare"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: ")
+    expected = {"no script": str(script), "no tensorflow": "needs TensorFlow", "no rounds": "--keras-rounds"}[problem]
+    assert expected in err[0]
+
+
+def test_the_step_profile_groups_xla_operations_by_kind_and_origin():
+    profile = load_benchmark("step_profile")
+    hlo = """
+  %ynn_fusion.3 = f32[64,32]{1,0} fusion(%p), kind=kCustom, metadata={op_name="jit(train_step)/transpose(jvp(DiffusionModel))/network/Conv_0/dot_general"}
+  %ynn_fusion.4 = f32[64,32]{1,0} fusion(%p), kind=kCustom, metadata={op_name="jit(train_step)/jvp(DiffusionModel)/network/Conv_0/dot_general"}
+  %transpose_copy_fusion.36 = f32[64,64,64,64]{3,2,1,0} fusion(%a), kind=kLoop
+"""
+    origins = profile.operation_origins(hlo)
+    assert origins == {"ynn_fusion.3": ("backward", "dot_general"), "ynn_fusion.4": ("forward", "dot_general")}
+    grouped = profile.group_events({"ynn_fusion.3": 5.0, "ynn_fusion.4": 2.0, "transpose_copy_fusion.36": 7.0,
+                                    "transpose_copy_fusion.37": 1.0}, origins)
+    assert grouped == {("ynn_fusion", "backward", "dot_general"): 5.0, ("ynn_fusion", "forward", "dot_general"): 2.0,
+                       ("transpose_copy_fusion", "-", "-"): 8.0}
