@@ -120,7 +120,7 @@ def test_a_records_figures_are_lines_of_the_files_it_names(name):
             assert score["source"] is None, f"{name}: an unmeasured score names no raw line"
             continue
         measured = {(line.get("num"), line.get("fid")) for line in raw_lines(score["source"])}
-        assert (score["num"], score["fid"]) in measured, f"{name}: FID {score['fid']} is in no line of {score['source']}"
+        assert (score["num"], score["fid"]) in measured, f"{name}: FID {score['fid']}: no line of {score['source']}"
     timing = record["sample_time"]
     made = [sample_time_from_line(line, timing["source"]) for line in raw_lines(timing["source"])]
     assert timing in made and f"--pretrained {name} " in timing["command"], timing
