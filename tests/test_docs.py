@@ -330,3 +330,34 @@ def test_the_guide_states_the_plain_setting_as_the_code_has_it():
     plain = SamplingSpec()
     text = re.sub(r"\s+", " ", (GUIDE / "sampling.md").read_text(encoding="utf-8"))
     assert f"{plain.steps} steps of `{plain.sampler}` on the `{plain.spacing}` grid, guidance 1" in text
+
+
+KERAS_EXAMPLE = "https://keras.io/examples/generative/ddim/"
+NAMES_KERAS = re.compile(r"Keras(?: DDIM)? (?:example|network|recipe)")
+
+
+def first_mention_links(page: Path, phrase: re.Pattern, url: str) -> bool | None:
+    """Whether the first paragraph, list item or table cell of ``page`` (headings left out) that names ``phrase``
+    in its text links ``url``; None when the page never names it."""
+    tokens = list(_MARKDOWN.parse(page.read_text(encoding="utf-8")))
+    for previous, token in zip([None, *tokens], tokens):
+        if token.type != "inline" or (previous is not None and previous.type == "heading_open"):
+            continue
+        text = "".join(child.content for child in token.children if child.type == "text")
+        if phrase.search(text):
+            return any(child.type == "link_open" and child.attrs["href"] == url for child in token.children)
+    return None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
+def test_a_page_links_the_keras_example_where_it_first_names_it(page):
+    assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is not False, (
+        f"{page.relative_to(REPO)} names the Keras example without linking it ({KERAS_EXAMPLE}) the first time")
+
+
+def test_the_keras_check_sees_an_unlinked_first_mention(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"# The Keras example\n\nAs the Keras network does.\n\nThe [Keras example]({KERAS_EXAMPLE}).\n")
+    assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is False
+    page.write_text(f"# The Keras example\n\n`Keras example` and the [Keras example]({KERAS_EXAMPLE}).\n")
+    assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is True
