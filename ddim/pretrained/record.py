@@ -397,7 +397,9 @@ def details_markdown(manifests) -> str:
                 lines += [f"  - {_escape(line)}" for line in text]
             else:
                 lines.append(f"- **{label}**: " + (f"`{text}`" if label == "recipe" else text))
-        sections.append("\n".join(lines) + "\n")
+        # A raw line's file is a link there (docs/models.md is beside docs/results/).
+        text = re.sub(r"(?<![\w/])docs/(results/[\w.-]+\.jsonl)", r"[docs/\1](\1)", "\n".join(lines))
+        sections.append(text + "\n")
     return "\n".join(sections)
 
 
