@@ -155,16 +155,20 @@ def shown_commands(page: Path, inline: bool = True) -> list[str]:
     found = []
     for token in _tokens(page):
         if token.type == "fence":
-            lines = re.sub(r"\\\n\s*", " ", token.content).splitlines()
+            found += block_commands(token.content)
         elif token.type == "code_inline" and inline:
-            lines = [token.content]
-        else:
-            continue
-        for line in lines:
-            for part in re.split(r"&&|\|\||;|\|", line):
-                words = part.strip()
-                if words.startswith("ddim ") or words == "ddim":
-                    found.append(words)
+            found += block_commands(token.content)
+    return found
+
+
+def block_commands(block: str) -> list[str]:
+    """The ``ddim`` commands of one code block (or inline code), as :func:`shown_commands` reads them."""
+    found = []
+    for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        for part in re.split(r"&&|\|\||;|\|", line):
+            words = part.strip()
+            if words.startswith("ddim ") or words == "ddim":
+                found.append(words)
     return [command for command in found if not SYNOPSIS.search(command)]
 
 
