@@ -43,7 +43,7 @@ SPACINGS: dict[str, str] = {
 
 DEFAULT_STEPS = 20
 
-# Which sampler and grid to use, by the FID of samples (docs/sampling.md, "Sampler quality by FID"; 1,000 samples
+# Which sampler and grid to use, by the FID of samples (docs/sampling.md#which-sampler-how-many-steps; 1,000 samples
 # each), not by closeness to the converged ODE solution (which is not sample quality):
 # - at 20 steps the uniform grid is the safe one: far better than the log-SNR or Karras grid on briefly trained
 #   models (Keras recipe at 1,000 steps: 92.6 vs 111.6; the first bundled flowers32, step 2,000: 65.7 vs 68.8),

@@ -28,7 +28,6 @@ runtime.enable_compilation_cache()
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-REAL_TFDS = REPO.parent / "shared" / "tfds"
 
 # Small enough to compile and run a step in about a second on a 2-core CPU.
 TINY = [
@@ -66,13 +65,16 @@ def tiny_config(*overrides: str):
     return load_config(CONFIGS / "smoke.toml", [*TINY, *overrides])
 
 
+NO_FLOWERS = "needs a prepared oxford_flowers102 copy in $TFDS_DATA_DIR (the tests download nothing)"
+
+
 def real_data_dir() -> Path | None:
-    """The prepared oxford_flowers102 copy beside the project (or in $TFDS_DATA_DIR), if any."""
-    for candidate in (os.environ.get("TFDS_DATA_DIR"), REAL_TFDS):
-        if candidate and (Path(candidate) / "oxford_flowers102").is_dir():
-            # Absolute: a relative $TFDS_DATA_DIR (../shared/tfds) would not resolve from the symlinks and work
-            # directories that tests make under tmp_path.
-            return Path(candidate).resolve()
+    """The prepared oxford_flowers102 copy in $TFDS_DATA_DIR, if there is one (else the tests that need it skip)."""
+    candidate = os.environ.get("TFDS_DATA_DIR")
+    if candidate and (Path(candidate) / "oxford_flowers102").is_dir():
+        # Absolute: a relative $TFDS_DATA_DIR would not resolve from the symlinks and work directories that tests
+        # make under tmp_path.
+        return Path(candidate).resolve()
     return None
 
 

@@ -1,6 +1,8 @@
 """The bundled models' facts live in their records: the docs show them, and never disagree with them.
 
-docs/models.md includes the table ``ddim pretrained --markdown`` prints from the records, verbatim. Every other
+docs/models.md includes the table ``ddim pretrained`` prints from the records, and the details ``ddim pretrained
+--details --markdown`` prints, verbatim; a record's figures are lines of the files under docs/results/ it names,
+not typed in. Every other
 page of the user guide (the research record aside: its pages are dated studies of the models they name) may
 quote a bundled model's FID, KID or class accuracy only as one of the figures in that model's record. The check
 reads each paragraph, list item and table row on its own: where it names a bundled model, every decimal number
@@ -18,11 +20,12 @@ import pytest
 from markdown_it import MarkdownIt
 
 from ddim.pretrained import PACKAGE_ROOT, available
-from ddim.pretrained.record import markdown_table
+from ddim.pretrained.record import details_markdown, models_table
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_PAGE = REPO / "docs" / "models.md"
-BEGIN, END = "<!-- bundled-models:", "<!-- end of bundled-models -->"
+TABLE = ("<!-- bundled-models:", "<!-- end of bundled-models -->")
+DETAILS = ("<!-- bundled-model-details:", "<!-- end of bundled-model-details -->")
 GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 MODEL_NAME = r"(?<![\w/.:-]){}(?![\w.-])"  # flowers32, `flowers32`, pretrained:flowers32; not runs/flowers32 or flowers64-fast
 FIGURE = re.compile(r"\b(?:FID|KID|class accuracy|asked class in)\b[^.\d|]{0,16}?(\d+\.\d+)")
@@ -83,13 +86,44 @@ def blocks(page: Path):
                 yield token.content, [match.group(1) for match in FIGURE.finditer(token.content)]
 
 
-def test_the_models_page_shows_the_table_the_records_print():
+def between(text: str, markers: tuple[str, str]) -> str:
+    """The lines of ``text`` between a begin marker's line and its end marker."""
+    begin, end = markers
+    start = text.index("\n", text.index(begin)) + 1
+    return text[start:text.index(end)]
+
+
+def test_the_models_page_shows_the_table_and_the_details_the_records_print():
     text = MODELS_PAGE.read_text(encoding="utf-8")
-    start = text.index("\n", text.index(BEGIN)) + 1
-    shown = text[start:text.index(END)]
-    expected = markdown_table(shipped().values())
-    assert shown == expected, ("docs/models.md's table differs from the records: paste the output of "
-                               "`ddim pretrained --markdown` between its markers")
+    models = shipped().values()
+    assert between(text, TABLE) == models_table(models), (
+        "docs/models.md's table differs from the records: paste the output of `ddim pretrained` between its markers")
+    assert between(text, DETAILS) == details_markdown(models), (
+        "docs/models.md's details differ from the records: paste the output of `ddim pretrained --details "
+        "--markdown` between their markers")
+
+
+def raw_lines(source: str) -> list[dict]:
+    return [json.loads(line) for line in (REPO / source).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("name", sorted(shipped()))
+def test_a_records_figures_are_lines_of_the_files_it_names(name):
+    """Every measured FID is that of a line of the same number of samples in its ``source`` (the files differ in
+    format: ``ddim eval``'s and ``benchmarks/fid_of_samples.py``'s), and the sampling time a line of
+    ``benchmarks/cli_timing.py``'s, whole: nothing in the table is typed in."""
+    from ddim.pretrained.record import sample_time_from_line
+
+    record = shipped()[name].record
+    for score in record["scores"]:
+        if score["fid"] is None:
+            assert score["source"] is None, f"{name}: an unmeasured score names no raw line"
+            continue
+        measured = {(line.get("num"), line.get("fid")) for line in raw_lines(score["source"])}
+        assert (score["num"], score["fid"]) in measured, f"{name}: FID {score['fid']}: no line of {score['source']}"
+    timing = record["sample_time"]
+    made = [sample_time_from_line(line, timing["source"]) for line in raw_lines(timing["source"])]
+    assert timing in made and f"--pretrained {name} " in timing["command"], timing
 
 
 @pytest.mark.parametrize("page", GUIDES,

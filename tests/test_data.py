@@ -5,7 +5,7 @@ import pytest
 
 from ddim import data
 from ddim.data.preprocess import center_crop_resize
-from tests.conftest import mock_flowers, real_data_dir, tiny_config
+from tests.conftest import NO_FLOWERS, mock_flowers, real_data_dir, tiny_config
 
 
 def tensorflow_preprocess(image, size):
@@ -50,7 +50,7 @@ def test_preprocess_equals_tensorflow_bit_for_bit_on_random_shapes():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(real_data_dir() is None, reason="the prepared oxford_flowers102 copy (../shared/tfds) is absent")
+@pytest.mark.skipif(real_data_dir() is None, reason=NO_FLOWERS)
 def test_preprocess_equals_tensorflow_on_real_flowers():
     """Every 4th Oxford Flowers image at 64 px (all 8189 were checked once: 0 differing pixels;
     DDIM_ALL_FLOWERS=1 checks them all here, ~40 s)."""
@@ -111,7 +111,7 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
         data.load_split(config, "train", cache_dir=tmp_path)
 
 
-@pytest.mark.skipif(real_data_dir() is None, reason="the prepared oxford_flowers102 copy (../shared/tfds) is absent")
+@pytest.mark.skipif(real_data_dir() is None, reason=NO_FLOWERS)
 def test_real_oxford_flowers_split_sizes_and_values(tmp_path):
     from ddim.config import Config
 
@@ -127,7 +127,7 @@ def test_real_oxford_flowers_split_sizes_and_values(tmp_path):
     assert loaded.class_names[0] == "pink primrose" and set(np.unique(loaded.train.labels)) <= set(range(102))
 
 
-@pytest.mark.skipif(real_data_dir() is None, reason="the prepared oxford_flowers102 copy (../shared/tfds) is absent")
+@pytest.mark.skipif(real_data_dir() is None, reason=NO_FLOWERS)
 def test_real_flowers_jpegs_in_a_folder_match_tensorflows_accurate_decoder(tmp_path):
     """The original JPEG files of Flowers in a folder: Pillow decodes them exactly as TensorFlow's
     accurate integer IDCT does, so the folder path gives the TFDS pipeline's pixels for that decoder

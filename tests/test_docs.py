@@ -155,16 +155,20 @@ def shown_commands(page: Path, inline: bool = True) -> list[str]:
     found = []
     for token in _tokens(page):
         if token.type == "fence":
-            lines = re.sub(r"\\\n\s*", " ", token.content).splitlines()
+            found += block_commands(token.content)
         elif token.type == "code_inline" and inline:
-            lines = [token.content]
-        else:
-            continue
-        for line in lines:
-            for part in re.split(r"&&|\|\||;|\|", line):
-                words = part.strip()
-                if words.startswith("ddim ") or words == "ddim":
-                    found.append(words)
+            found += block_commands(token.content)
+    return found
+
+
+def block_commands(block: str) -> list[str]:
+    """The ``ddim`` commands of one code block (or inline code), as :func:`shown_commands` reads them."""
+    found = []
+    for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        for part in re.split(r"&&|\|\||;|\|", line):
+            words = part.strip()
+            if words.startswith("ddim ") or words == "ddim":
+                found.append(words)
     return [command for command in found if not SYNOPSIS.search(command)]
 
 
@@ -243,3 +247,121 @@ def test_the_readme_commands_each_write_to_their_own_folder():
     outs = [words[words.index("--out") + 1] for command in shown_commands(README)
             if "--out" in (words := shlex.split(command, comments=True))]
     assert outs and len(outs) == len(set(outs)), f"README commands share an --out folder: {outs}"
+
+
+# --- pointers from the program into the guide: `--help`, tips and errors name pages and sections that exist ------
+
+POINTER = re.compile(r"docs/[\w./-]+?\.md(?:#[\w-]+)?")
+NAMED_SECTION = re.compile(r"user guide(?:'s|,) '([^']+)'")  # "the user guide's 'Bundled models' page"
+
+
+def help_texts() -> dict[str, str]:
+    """Every command's and option's help, by ``ddim COMMAND [--option]``, as ``--help`` shows it."""
+    import typer
+
+    from ddim.cli import app
+
+    texts = {}
+
+    def walk(command, path):
+        texts[path] = command.help or ""
+        for param in command.params:
+            texts[f"{path} {param.opts[0]}"] = getattr(param, "help", None) or ""
+        for name, sub in getattr(command, "commands", {}).items():  # a group's subcommands
+            walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "ddim")
+    return texts
+
+
+def source_pointers() -> dict[str, str]:
+    """The docs pointers in ddim's own code (tips, errors, docstrings), by file."""
+    return {path.relative_to(REPO).as_posix(): path.read_text(encoding="utf-8")
+            for path in sorted((REPO / "ddim").rglob("*.py"))}
+
+
+def headings() -> set[str]:
+    """The rendered text of every heading of the README and the guides."""
+    found = set()
+    for page in PAGES:
+        tokens = list(_MARKDOWN.parse(page.read_text(encoding="utf-8")))
+        for opening, inline in zip(tokens, tokens[1:]):
+            if opening.type == "heading_open":
+                found.add("".join(child.content for child in inline.children if child.type in ("text", "code_inline")))
+    return found
+
+
+def pointer_problems(texts: dict[str, str]) -> list[str]:
+    problems = []
+    for where, text in texts.items():
+        text = re.sub(r"\s+", " ", text)
+        for target in POINTER.findall(text):
+            why = broken(README, target)
+            if why:
+                problems.append(f"{where}: {target}: {why}")
+        problems += [f"{where}: the guide has no section {name!r}" for name in NAMED_SECTION.findall(text)
+                     if name not in headings()]
+    return problems
+
+
+def test_every_help_pointer_names_an_existing_page_and_section():
+    texts = help_texts()
+    assert any(POINTER.search(text) for text in texts.values()), "the check sees the help's pointers"
+    problems = pointer_problems(texts)
+    assert not problems, "`--help` points to pages or sections that do not exist:\n" + "\n".join(problems)
+
+
+def test_every_pointer_in_the_code_names_an_existing_page_and_section():
+    problems = pointer_problems(source_pointers())
+    assert not problems, "ddim's code points to pages or sections that do not exist:\n" + "\n".join(problems)
+
+
+def test_the_pointer_check_catches_a_missing_section():
+    assert pointer_problems({"x": "See docs/sampling.md#which-sampler-how-many-steps and the user guide's "
+                                  "'Bundled models' page."}) == []
+    assert pointer_problems({"x": "See the user guide, 'Sampling and samplers'."}) == [
+        "x: the guide has no section 'Sampling and samplers'"]
+    assert pointer_problems({"x": "docs/sampling.md#samplers-and-steps, docs/nowhere.md"}) == [
+        "x: docs/sampling.md#samplers-and-steps: docs/sampling.md has no heading with the anchor #samplers-and-steps",
+        "x: docs/nowhere.md: docs/nowhere.md does not exist"]
+
+
+def test_the_guide_states_the_plain_setting_as_the_code_has_it():
+    """What a model with no measured best setting samples with is said once, in docs/sampling.md, as
+    :class:`ddim.spec.SamplingSpec`'s defaults (guidance 1: no guidance)."""
+    from ddim.spec import SamplingSpec
+
+    plain = SamplingSpec()
+    text = re.sub(r"\s+", " ", (GUIDE / "sampling.md").read_text(encoding="utf-8"))
+    assert f"{plain.steps} steps of `{plain.sampler}` on the `{plain.spacing}` grid, guidance 1" in text
+
+
+KERAS_EXAMPLE = "https://keras.io/examples/generative/ddim/"
+NAMES_KERAS = re.compile(r"Keras(?: DDIM)? (?:example|network|recipe)")
+
+
+def first_mention_links(page: Path, phrase: re.Pattern, url: str) -> bool | None:
+    """Whether the first paragraph, list item or table cell of ``page`` (headings left out) that names ``phrase``
+    in its text links ``url``; None when the page never names it."""
+    tokens = list(_MARKDOWN.parse(page.read_text(encoding="utf-8")))
+    for previous, token in zip([None, *tokens], tokens):
+        if token.type != "inline" or (previous is not None and previous.type == "heading_open"):
+            continue
+        text = "".join(child.content for child in token.children if child.type == "text")
+        if phrase.search(text):
+            return any(child.type == "link_open" and child.attrs["href"] == url for child in token.children)
+    return None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
+def test_a_page_links_the_keras_example_where_it_first_names_it(page):
+    assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is not False, (
+        f"{page.relative_to(REPO)} names the Keras example without linking it ({KERAS_EXAMPLE}) the first time")
+
+
+def test_the_keras_check_sees_an_unlinked_first_mention(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"# The Keras example\n\nAs the Keras network does.\n\nThe [Keras example]({KERAS_EXAMPLE}).\n")
+    assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is False
+    page.write_text(f"# The Keras example\n\n`Keras example` and the [Keras example]({KERAS_EXAMPLE}).\n")
+    assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is True

@@ -1,6 +1,6 @@
 """Sample-quality evaluation (ddim/evaluation.py and ``ddim eval``).
 
-The real InceptionV3 weights cannot be downloaded here, so the end-to-end tests
+The tests download nothing, and Keras' InceptionV3 weights are not on PyPI, so the end-to-end tests
 inject a *small, randomly initialised* Keras network (2048-d output) in place of
 InceptionV3, by monkeypatching ``FeatureExtractor.inception`` (the only place the
 CLI builds its network) or by passing ``feature_extractor_factory``. Everything

@@ -28,7 +28,7 @@ from ddim.errors import environment_error, path_in_message
 from ddim.train import loop
 from ddim.train import state as state_lib
 from ddim.workdir import LOCK_FILE, Holder, Workdir, WorkdirError, WorkdirLock, live_holder
-from tests.conftest import CONFIGS, REPO, TINY, mock_flowers, real_data_dir, tiny_config
+from tests.conftest import CONFIGS, NO_FLOWERS, REPO, TINY, mock_flowers, real_data_dir, tiny_config
 
 runner = CliRunner()
 QUIET = dict(log=lambda message: None)
@@ -294,7 +294,7 @@ def test_read_only_work_directory_is_one_line_and_still_samples(trained_workdir,
 def test_missing_dataset_file_is_one_line(tmp_path):
     data = real_data_dir()
     if data is None:
-        pytest.skip("needs the prepared oxford_flowers102 (TFDS_DATA_DIR)")
+        pytest.skip(NO_FLOWERS)
     from ddim import data as data_lib
 
     copy = tmp_path / "tfds" / "oxford_flowers102" / "2.1.1"

@@ -210,9 +210,17 @@ def test_the_bundle_files_are_package_data_of_the_wheel(bundles):
 def test_pretrained_lists_the_bundled_models_with_their_records(use_bundles, tmp_path, monkeypatch):
     result = invoke("pretrained")
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[0].startswith(f"{NAME}: 16x16 images, ") and "(default)" in result.output
+    header, rule, row = result.output.splitlines()[:3]
+    assert header.startswith("| model ") and set(rule) <= set("|- ")
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    # 16x16, unconditional, the plain setting: 20 ddim steps of one pass each; nothing measured yet.
+    assert cells[:7] == [f"{NAME} (default)", "16x16", "none", "20 ddim steps (uniform), guidance 1", "20",
+                         "not measured", "not measured"] and cells[8] == "not measured", cells
+    result = invoke("pretrained", "--details")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == f"{NAME}: 16x16 images, unconditional (default)"
     assert "config smoke, 6 steps, 48 images seen, on a 2-core CPU" in result.output
-    assert "FID: not measured" in result.output
+    assert "FID: not measured" in result.output and "speed: not measured" in result.output
     result = invoke("pretrained", "list", "--json")
     assert result.exit_code == 0 and json.loads(result.output)["record"]["steps"] == 6
     monkeypatch.setenv(ENV, str(tmp_path / "none"))

@@ -18,15 +18,14 @@ import pytest
 
 import ddim
 from ddim.pretrained import ENV, PACKAGE_ROOT, available, export_checkpoint
-from tests.conftest import real_data_dir
+from tests.conftest import NO_FLOWERS, real_data_dir
 from tests.test_fid_inception import standard_weights  # noqa: F401  (a fixture)
 
 REAL_IMAGES, SAMPLES, STEPS = 64, 16, 20
 FACTOR = 2.0
 """How many times nearer the real images' mean feature the samples' must be than uniform noise's."""
 
-needs_flowers = pytest.mark.skipif(real_data_dir() is None,
-                                   reason="the prepared oxford_flowers102 copy (../shared/tfds) is absent")
+needs_flowers = pytest.mark.skipif(real_data_dir() is None, reason=NO_FLOWERS)
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ SPACING_NAMES = tuple(SPACINGS)
 SAMPLER_HELP = (
     "Solver of the reverse process: "
     + "; ".join(f"{name} ({kind.summary})" for name, kind in SAMPLERS.items())
-    + ". See the user guide, 'Sampling and samplers', for which to use."
+    + ". Which to use: docs/sampling.md#which-sampler-how-many-steps."
 )
 TIP_BELOW_STEPS = 50  # where the grids were compared; with many steps every grid converges
 SPACING_HELP = ("Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items())
@@ -188,22 +188,24 @@ def pretrained_option():
                         "them); instead of --workdir/--checkpoint.")
 
 
-MODEL_DEFAULT = "Default: the model's own ({})."
+PLAIN = SamplingSpec()  # what a model with no measured best setting samples with
+MODEL_DEFAULT = "Default: the model's own: a bundled model's best measured setting (`ddim pretrained`), else {}."
 
 
-def steps_option(help: str = "Sampling steps (network calls per image)."):
-    return typer.Option(None, "--steps", help=f"{help} " + MODEL_DEFAULT.format(
-        f"{DEFAULT_STEPS}; a bundled model's best setting; a distilled student's step count, its only one"))
+STUDENT_STEPS = "a distilled student: its own step count, its only one"
+
+
+def steps_option(help: str = "Sampling steps (network calls per image).",
+                 default: str = MODEL_DEFAULT.format(f"{PLAIN.steps} ({STUDENT_STEPS})")):
+    return typer.Option(None, "--steps", help=f"{help} {default}")
 
 
 def sampler_option():
-    return typer.Option(None, "--sampler", help=f"{SAMPLER_HELP} " + MODEL_DEFAULT.format(
-        "ddim; a bundled model's best setting"))
+    return typer.Option(None, "--sampler", help=f"{SAMPLER_HELP} " + MODEL_DEFAULT.format(PLAIN.sampler))
 
 
 def spacing_option():
-    return typer.Option(None, "--spacing", help=f"{SPACING_HELP} " + MODEL_DEFAULT.format(
-        "uniform; a bundled model's best setting"))
+    return typer.Option(None, "--spacing", help=f"{SPACING_HELP} " + MODEL_DEFAULT.format(PLAIN.spacing))
 
 
 def eta_option():
@@ -218,10 +220,12 @@ def class_option(help: str = CLASS_HELP):
     return typer.Option([], "--class", help=help)
 
 
-def guidance_option():
-    return typer.Option(None, "--guidance", help="Class-conditional checkpoints: classifier-free guidance scale "
-                        "(1 plain conditional; 0 unconditional; above 1 more like the class). Default: the model's "
-                        "own (1; a bundled model's best measured scale).")
+GUIDANCE_HELP = ("Class-conditional checkpoints: classifier-free guidance scale (1 plain conditional; 0 "
+                 "unconditional; above 1 more like the class).")
+
+
+def guidance_option(default: str = MODEL_DEFAULT.format("1")):
+    return typer.Option(None, "--guidance", help=f"{GUIDANCE_HELP} {default}")
 
 
 def describe_classes(pipe) -> str:

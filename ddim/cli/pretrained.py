@@ -20,35 +20,40 @@ pretrained_app = typer.Typer(
 app.add_typer(pretrained_app, name="pretrained")
 
 
+def details_option():
+    return typer.Option(False, "--details", help="Each model's facts instead of the table: how it was trained, "
+                        "its default setting and every figure measured of it, with the command behind each.")
+
+
 def markdown_option():
-    return typer.Option(False, "--markdown", help="One Markdown table, a column per model, and the command "
-                        "behind each figure (what the user guide's 'Bundled models' page shows).")
+    return typer.Option(False, "--markdown", help="The details as Markdown too (the table is Markdown already): "
+                        "what the user guide's 'Bundled models' page shows (docs/models.md#the-models).")
 
 
 @pretrained_app.callback(invoke_without_command=True)
-def pretrained(ctx: typer.Context, as_markdown: bool = markdown_option()):
+def pretrained(ctx: typer.Context, details: bool = details_option(), as_markdown: bool = markdown_option()):
     """Models bundled with ddim: list them (the default), or export a checkpoint as one.
 
     Use one with --pretrained NAME (sample, eval, serve, the tools) or ddim.load("pretrained:NAME").
     """
     if ctx.invoked_subcommand is None:
-        list_models(as_json=False, as_markdown=as_markdown)
+        list_models(as_json=False, details=details, as_markdown=as_markdown)
 
 
 @pretrained_app.command("list")
 def list_models(as_json: bool = typer.Option(False, "--json", help="One JSON object per model: name, "
                                              "directory, sha256, bytes, parameters, record."),
-                as_markdown: bool = markdown_option()):
-    """List the bundled models: how each was trained, its default setting and what it scores (the first is
-    the default model)."""
+                details: bool = details_option(), as_markdown: bool = markdown_option()):
+    """List the bundled models: a row each, at its default setting (the first is the default model).
+
+    The row has the model's FID, class accuracy, speed and size; --details has how each was trained and every
+    figure measured of it.
+    """
     from ddim.pretrained import available, bundled_root, describe
-    from ddim.pretrained.record import markdown_table
+    from ddim.pretrained.record import details_markdown, models_table
 
     with user_errors():
         models = available()
-    if as_markdown:
-        typer.echo(markdown_table(models), nl=False)
-        return
     if as_json:
         for model in models:
             typer.echo(json.dumps({"name": model.name, "directory": str(model.directory), "sha256": model.sha256,
@@ -58,11 +63,16 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="One JSON obj
         typer.echo(f"no bundled models in {bundled_root()} (export one: ddim pretrained export --checkpoint RUN "
                    "--name NAME)")
         return
-    for number, model in enumerate(models):
-        lines = describe(model)
-        if number == 0:
-            lines[0] += " (default)"
-        typer.echo("\n".join(lines))
+    if not details:
+        typer.echo(models_table(models), nl=False)
+    elif as_markdown:
+        typer.echo(details_markdown(models), nl=False)
+    else:
+        for number, model in enumerate(models):
+            lines = describe(model)
+            if number == 0:
+                lines[0] += " (default)"
+            typer.echo("\n".join(lines))
 
 
 @pretrained_app.command("export")

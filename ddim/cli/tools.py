@@ -29,6 +29,8 @@ from ddim.cli.app import (
     fail,
     guidance_option,
     overwrite_option,
+    PLAIN,
+    STUDENT_STEPS,
     pretrained_option,
     require_positive,
     SPACING_HELP,
@@ -43,6 +45,7 @@ from ddim.cli.app import (
 )
 
 STEPS_HELP = "Sampling steps (network calls per image); inversion and generation share the time grid."
+PLAIN_DDIM = " (Interpolation inverts and decodes with plain deterministic DDIM, not a model's sampling defaults.)"
 INVERSION_CLASS_HELP = ("Class-conditional checkpoints: the class to invert with (and to decode with), a name or id "
                         "for every image, or repeated, one per image (default: the null class, no class).")
 INTERPOLATION_CLASS_HELP = ("Class-conditional checkpoints: the class of the whole path, or give it twice, a start "
@@ -219,10 +222,10 @@ def interpolate(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
-    steps: Optional[int] = steps_option(STEPS_HELP),
-    spacing: str = typer.Option("uniform", "--spacing", help=SPACING_HELP),
+    steps: Optional[int] = steps_option(STEPS_HELP, f"Default: {PLAIN.steps} ({STUDENT_STEPS}).{PLAIN_DDIM}"),
+    spacing: str = typer.Option(PLAIN.spacing, "--spacing", help=SPACING_HELP),
     classes: List[str] = class_option(INTERPOLATION_CLASS_HELP),
-    guidance: Optional[float] = guidance_option(),
+    guidance: Optional[float] = guidance_option(f"Default: 1.{PLAIN_DDIM}"),
     batch_size: int = batch_size_option(),
     duration: int = typer.Option(120, "--frame-ms", help="Milliseconds per GIF frame."),
     overwrite: bool = overwrite_option(),

@@ -22,6 +22,8 @@ guesswork, and a score still to measure has ``"fid": null``)::
                 model's size); ``source`` is the raw line's file under docs/results/
     "guidance": why the default scale is the best measured one, in words
     "advice":   which sampler for fewer steps, in words
+    "sample_time": a line of ``benchmarks/cli_timing.py`` (``ddim sample --pretrained NAME --num 16``: the CPU and
+                the wall seconds of runs in a row, the first compiling), with ``source``, its file under docs/results/
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ import datetime
 import json
 import math
 import os
+import re
+import statistics
 from pathlib import Path
 from typing import Any
 
 from ddim.config import Config
 from ddim.errors import InputError
 from ddim.pretrained.errors import PretrainedError
+from ddim.spec import SamplingSpec
 from ddim.workdir.layout import Workdir
 from ddim.workdir.records import read_records
 
@@ -139,9 +144,10 @@ def workdir_eval_file(step_dir: Path) -> Path:
     return Workdir.of_checkpoint(Path(step_dir).absolute().parent).eval_file
 
 
-PLAIN = {"steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": 1.0}
-"""The setting of a model with no recorded defaults (a run of your own): 20 deterministic DDIM steps on the uniform
-grid, guidance 1. Scores at it compare a bundled model with such runs."""
+PLAIN = {**SamplingSpec().to_dict(), "guidance": 1.0}
+"""The setting of a model with no recorded defaults (a run of your own): :class:`ddim.spec.SamplingSpec`'s defaults
+(20 deterministic DDIM steps on the uniform grid), guidance 1 (no guidance is the conditional prediction). Scores
+at it compare a bundled model with such runs."""
 QUICK_NUM, FULL_NUM = 1000, 5000
 """The two protocols: 1,000 samples (a quick look, minutes) and 5,000 (``ddim eval``'s default, the table's lead)."""
 _SETTING = ("steps", "sampler", "spacing", "eta", "guidance")
@@ -150,7 +156,7 @@ _SETTING = ("steps", "sampler", "spacing", "eta", "guidance")
 def sampling_defaults(manifest):
     """The :class:`ddim.spec.SamplingSpec` a bundled model samples with by default: its record's ``"defaults"``
     (its best measured setting: steps, sampler, spacing, guidance), else None (the plain defaults)."""
-    from ddim.spec import SamplingSpec, SpecError
+    from ddim.spec import SpecError
 
     values = manifest.record.get("defaults")
     if values is None:
@@ -220,6 +226,14 @@ def _same(a: Any, b: Any) -> bool:
     return float(a) == float(b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else a == b
 
 
+def _short_setting(setting: dict[str, Any]) -> str:
+    """``20 dpmpp-2m steps (logsnr), guidance 1.5``: a table cell."""
+    text = f"{setting['steps']} {setting['sampler']} steps ({setting['spacing']})"
+    if setting.get("eta"):
+        text += f", eta {setting['eta']:g}"
+    return text + f", guidance {setting['guidance']:g}"
+
+
 def describe_setting(setting: dict[str, Any]) -> str:
     """``20 steps of dpmpp-2m (logsnr grid), guidance 1.5``."""
     text = f"{setting['steps']} steps of {setting['sampler']} ({setting['spacing']} grid)"
@@ -238,16 +252,16 @@ def eval_command(name: str, num: int, setting: dict[str, Any], defaults: dict[st
 def _figures(score: dict[str, Any] | None) -> str:
     if score is None or score.get("fid") is None:
         return "not measured"
-    text = f"{score['fid']:.1f}"
-    return text + (f" / {score['kid']:.4f}" if score.get("kid") is not None else " / KID not measured")
+    text = f"FID {score['fid']:.1f}"
+    return text + (f", KID {score['kid']:.4f}" if score.get("kid") is not None else ", KID not measured")
 
 
-def _class_accuracy(score: dict[str, Any] | None) -> str | None:
+def _class_accuracy(score: dict[str, Any] | None, *, samples: bool = True) -> str | None:
     if score is None or score.get("class_accuracy") is None:
         return None
-    text = f"{100 * score['class_accuracy']:.1f} % of {score['num']:,} samples"
+    text = f"{100 * score['class_accuracy']:.1f} %" + (f" of {score['num']:,}" if samples else "")
     if score.get("real_class_accuracy") is not None:
-        text += f" (real images: {100 * score['real_class_accuracy']:.1f} %)"
+        text += f" (real {100 * score['real_class_accuracy']:.1f} %)"
     return text
 
 
@@ -255,6 +269,32 @@ def describe_init(config: Config) -> str:
     """Where a fine-tuned model's first weights came from, in words (its ``[init]``)."""
     init = config.init
     return f"from {init.source} (its step {init.source_step:,}, weights sha256 {init.source_sha256[:16]}...)"
+
+
+def network_passes(model, setting: dict[str, Any]) -> int:
+    """Network passes per image at ``setting``: one a step, two where guidance other than 1 needs the conditional
+    and the unconditional prediction (:meth:`ddim.model.DiffusionModel.guided_outputs`), unless the network takes
+    the scale as an input (a distilled student, ``model.guidance_input``)."""
+    guidance = setting.get("guidance")
+    guided = model.class_conditional and guidance is not None and guidance != 1.0 and not model.guidance_input
+    return setting["steps"] * (2 if guided else 1)
+
+
+def sample_time_from_line(line: dict[str, Any], source: str | None = None) -> dict[str, Any]:
+    """A ``"sample_time"`` entry: one line of ``benchmarks/cli_timing.py`` (``source``: where it is kept), whole."""
+    return {**line, "source": source}
+
+
+def _timed_images(timing: dict[str, Any]) -> int | None:
+    match = re.search(r"--num (\d+)", str(timing.get("command", "")))
+    return int(match.group(1)) if match else None
+
+
+def warm_seconds(timing: dict[str, Any]) -> float:
+    """The wall seconds of a timed command once compiled: the median of the runs after the first (which starts
+    with an empty compilation cache), or the one run there is."""
+    seconds = timing["wall_seconds"]
+    return statistics.median(seconds[1:] or seconds)
 
 
 def network_summary(config: Config, parameters: int, weights_bytes: int) -> str:
@@ -275,12 +315,14 @@ def network_summary(config: Config, parameters: int, weights_bytes: int) -> str:
     return ", ".join(parts) + f"; {parameters:,} parameters ({_megabytes(weights_bytes)})"
 
 
-def facts(manifest) -> list[tuple[str, str]]:
-    """``(label, text)`` rows of one bundled model: what ``ddim pretrained`` prints and docs/models.md shows."""
+def facts(manifest) -> list[tuple[str, str | list[str]]]:
+    """``(label, text)`` rows of one bundled model, how it was made and each figure measured of it with the
+    command behind it (a list of lines): what ``ddim pretrained --details`` prints and docs/models.md shows."""
     model, record = manifest.config.model, manifest.record
     kind = f"class-conditional, {len(model.class_names)} classes" if model.takes_classes else "unconditional"
-    rows = [("images", f"{model.image_size}x{model.image_size}, {kind}"),
-            ("network", network_summary(manifest.config, manifest.parameters, manifest.bytes))]
+    rows: list[tuple[str, str | list[str]]] = [
+        ("images", f"{model.image_size}x{model.image_size}, {kind}"),
+        ("network", network_summary(manifest.config, manifest.parameters, manifest.bytes))]
     images = record.get("images_seen")
     trained = f"config {record.get('config')}"
     if isinstance(images, int):
@@ -293,83 +335,139 @@ def facts(manifest) -> list[tuple[str, str]]:
         teacher = record.get("distilled_from") or "an unrecorded teacher"
         rows.append(("distilled", f"from {teacher}; samples with {model.distilled_steps} deterministic DDIM steps "
                                   "of one network pass each, guidance included, and no other count"))
-    if record.get("wall_time"):
-        rows.append(("wall time", record["wall_time"]))
-    for label in ("recipe", "data"):
-        if record.get(label):
-            rows.append((label, record[label]))
+    for label, field in (("wall time", "wall_time"), ("recipe", "recipe"), ("data", "data")):
+        if record.get(field):
+            rows.append((label, record[field]))
     defaults = default_setting(record)
-    scored = bool(record.get("scores"))
     if record.get("defaults"):
-        rows.append(("defaults", describe_setting(defaults)))
-    if scored:
-        for num in (FULL_NUM, QUICK_NUM):
-            rows.append((f"FID / KID, {num:,} samples at the defaults", _figures(find_score(record, num, defaults))))
-        accuracy = _class_accuracy(find_score(record, FULL_NUM, defaults)) or _class_accuracy(
-            find_score(record, QUICK_NUM, defaults))
-        if model.class_conditional:
-            rows.append(("class accuracy at the defaults", accuracy or "not measured"))
-        if defaults != PLAIN:
-            plain = [f"{_figures(score)} ({num:,} samples)" for num in (FULL_NUM, QUICK_NUM)
-                     if (score := find_score(record, num, PLAIN)) is not None]
-            if plain:
-                rows.append((f"FID / KID, {describe_setting(PLAIN)}", "; ".join(plain)))
-    else:
-        fid = record.get("fid")
-        rows.append(("FID", f"{fid['value']:.2f} ({fid['protocol']})" if fid else "not measured"))
+        rows.append(("defaults", f"{describe_setting(defaults)}; {network_passes(model, defaults)} network passes"))
     for label in ("guidance", "advice"):
         if record.get(label):
             rows.append(("best guidance" if label == "guidance" else "sampler advice", record[label]))
     rows.append(("weights", f"{_megabytes(manifest.bytes)}, sha256 {manifest.sha256}"))
+    if record.get("scores"):
+        rows.append(("figures", [_score_line(manifest.name, score, defaults, model.class_conditional)
+                                 for score in record["scores"]]))
+    else:
+        fid = record.get("fid")
+        rows.append(("FID", f"{fid['value']:.2f} ({fid['protocol']})" if fid else "not measured"))
+    timing = record.get("sample_time")
+    rows.append(("speed", _timing_line(timing) if timing else "not measured"))
     return rows
 
 
+def _score_line(name: str, score: dict[str, Any], defaults: dict[str, Any], class_conditional: bool) -> str:
+    """One measured figure in words, with the command that measures it and where its raw line is."""
+    setting = {key: _value(score, key) for key in _SETTING}
+    figures = _figures(score)
+    accuracy = _class_accuracy(score, samples=False) if class_conditional else None
+    if accuracy:
+        figures += f", class accuracy {accuracy}"
+    where = f" (raw line: {score['source']})" if score.get("source") else ""
+    at = " (the defaults)" if setting == {key: defaults[key] for key in _SETTING} else ""
+    return (f"{score['num']:,} samples, {describe_setting(setting)}{at}: {figures}; "
+            f"`{eval_command(name, score['num'], setting, defaults)}`{where}")
+
+
+def _timing_line(timing: dict[str, Any]) -> str:
+    seconds = timing["wall_seconds"]
+    text = f"{_timed_images(timing)} images in {warm_seconds(timing):.1f} s once compiled"
+    if len(seconds) > 1:
+        text += f", {seconds[0]:.1f} s the first time (compiling)"
+    where = f"; raw line: {timing['source']}" if timing.get("source") else ""
+    return (f"{text}, on a {timing.get('cpu')}: `{timing.get('command')}`, {len(seconds)} runs in a row "
+            f"(measured {timing.get('measured')}{where})")
+
+
 def describe(manifest) -> list[str]:
-    """``ddim pretrained``'s lines for one bundled model (a :class:`~ddim.pretrained.bundle.Manifest`)."""
+    """``ddim pretrained --details``'s lines for one bundled model (a :class:`~ddim.pretrained.bundle.Manifest`)."""
     model = manifest.config.model
     size = f"{model.image_size}x{model.image_size}"
     kind = f"class-conditional, {len(model.class_names)} classes" if model.takes_classes else "unconditional"
     lines = [f"{manifest.name}: {size} images, {kind}"]
-    lines += [f"  {label}: {text}" for label, text in facts(manifest)[1:]]
-    return lines
+    for label, text in facts(manifest)[1:]:
+        if isinstance(text, list):
+            lines += [f"  {label}:"] + [f"    - {line}" for line in text]
+        else:
+            lines.append(f"  {label}: {text}")
+    return [line.replace("`", "") for line in lines]  # code spans are Markdown's
 
 
-def protocol_lines(manifests) -> list[str]:
-    """How the table's figures were measured, and the command that measures each (Markdown)."""
-    real = {score.get("real_num") for manifest in manifests for score in manifest.record.get("scores") or ()}
-    against = (f"all {real.pop():,} real images" if len(real) == 1 and None not in real else "all the real images")
-    lines = [f"FID and KID: `ddim eval --split all`, the standard FID Inception against {against} at the "
-             "model's size, seed 0, with the number of samples and the setting of each row. The command behind "
-             "each figure:", ""]
-    for manifest in manifests:
-        record = manifest.record
-        defaults = default_setting(record)
-        for score in record.get("scores") or ():
-            setting = {key: _value(score, key) for key in _SETTING}
-            where = f"; raw line in `{score['source']}`" if score.get("source") else ""
-            figure = _figures(score)
-            lines.append(f"- `{manifest.name}`, {score['num']:,} samples, {describe_setting(setting)} ({figure}"
-                         f"{where}): `{eval_command(manifest.name, score['num'], setting, defaults)}`")
-    return lines
+def details_markdown(manifests) -> str:
+    """Each bundled model's facts as a Markdown section (the first is the default): what docs/models.md includes
+    under its table and ``ddim pretrained --details --markdown`` prints."""
+    sections = []
+    for number, manifest in enumerate(manifests):
+        lines = [f"### `{manifest.name}`" + (" (the default)" if number == 0 else ""), ""]
+        for label, text in facts(manifest):
+            if isinstance(text, list):
+                lines.append(f"- **{label}**:")
+                lines += [f"  - {_escape(line)}" for line in text]
+            else:
+                lines.append(f"- **{label}**: " + (f"`{text}`" if label == "recipe" else text))
+        # A raw line's file is a link there (docs/models.md is beside docs/results/).
+        text = re.sub(r"(?<![\w/])docs/(results/[\w.-]+\.jsonl)", r"[docs/\1](\1)", "\n".join(lines))
+        sections.append(text + "\n")
+    return "\n".join(sections)
 
 
-def markdown_table(manifests) -> str:
-    """The bundled models as one Markdown table, a column per model (the first is the default), then how its
-    figures were measured: what docs/models.md includes and ``ddim pretrained --markdown`` prints."""
+TABLE_COLUMNS = ("model", "size", "classes", "default setting", "passes", "FID (1,000)", "FID (5,000)",
+                 "class accuracy", "s / {num} images", "MB")
+
+
+def models_table(manifests) -> str:
+    """The bundled models as one short table, a row per model (the first is the default), at each one's default
+    setting, and what its figures are: what ``ddim pretrained`` prints and docs/models.md opens with. The
+    columns are padded, so it reads as plain text too."""
     manifests = list(manifests)
     if not manifests:
         return "No model is bundled with this installation.\n"
-    columns = [facts(manifest) for manifest in manifests]
-    labels = list(dict.fromkeys(label for rows in columns for label, _ in rows))
-    names = [f"`{m.name}`" + (" (the default)" if number == 0 else "") for number, m in enumerate(manifests)]
-    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(manifests)]
-    for label in labels:
-        cells = []
-        for rows in columns:
-            text = dict(rows).get(label, "")
-            cells.append(f"`{text}`" if label == "recipe" and text else _escape(text))
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + [""] + protocol_lines(manifests)) + "\n"
+    timings = [m.record.get("sample_time") for m in manifests]
+    nums = {_timed_images(timing) for timing in timings if timing}
+    num = nums.pop() if len(nums) == 1 else "N"
+    rows = [[column.format(num=num) for column in TABLE_COLUMNS]]
+    for number, manifest in enumerate(manifests):
+        model, record = manifest.config.model, manifest.record
+        defaults = default_setting(record)
+        fids = []
+        for count in (QUICK_NUM, FULL_NUM):
+            score = find_score(record, count, defaults)
+            measured = score is not None and score.get("fid") is not None
+            fids.append(f"{score['fid']:.1f}" if measured else
+                        "see --details" if not record.get("scores") and record.get("fid") else "not measured")
+        accuracy = ""
+        if model.class_conditional:
+            accuracy = (_class_accuracy(find_score(record, FULL_NUM, defaults))
+                        or _class_accuracy(find_score(record, QUICK_NUM, defaults)) or "not measured")
+        timing = record.get("sample_time")
+        seconds = "not measured"
+        if timing:
+            seconds = f"{warm_seconds(timing):.1f}" + ("" if num != "N" else f" ({_timed_images(timing)} images)")
+        rows.append([manifest.name + (" (default)" if number == 0 else ""),
+                     f"{model.image_size}x{model.image_size}",
+                     f"{len(model.class_names)}" if model.class_conditional else "none",
+                     _short_setting(defaults), f"{network_passes(model, defaults)}", *fids, accuracy, seconds,
+                     f"{manifest.bytes / 1e6:.1f}"])
+    widths = [max(len(_escape(row[column])) for row in rows) for column in range(len(TABLE_COLUMNS))]
+    lines = ["| " + " | ".join(_escape(cell).ljust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
+    lines.insert(1, "| " + " | ".join("-" * width for width in widths) + " |")
+    return "\n".join(lines + ["", *_table_notes(manifests, num)]) + "\n"
+
+
+def _table_notes(manifests, num) -> list[str]:
+    """What the table's figures are, in words, from the records (a paragraph of one line per sentence)."""
+    scores = [score for manifest in manifests for score in manifest.record.get("scores") or ()]
+    real = {score.get("real_num") for score in scores}
+    against = f"all {real.pop():,} real images" if len(real) == 1 and None not in real else "all the real images"
+    cpus = {timing.get("cpu") for m in manifests if (timing := m.record.get("sample_time"))}
+    cpu = f"a {cpus.pop()}" if len(cpus) == 1 else "the CPU each names"
+    return [f"Each model at its default setting, seed 0; passes: network passes per image. FID of 1,000 and 5,000 "
+            f"samples: `ddim eval --split all`, the standard FID Inception against {against} at the model's size. "
+            "Class accuracy: how often a classifier on the FID features "
+            "finds the asked class in that many samples, with its accuracy on real validation images in brackets. "
+            "Seconds: the whole command `ddim sample --pretrained NAME "
+            f"--num {num} --out DIR` once compiled, on {cpu}. How each was trained, every figure measured of it and "
+            "the command behind each: `ddim pretrained --details`."]
 
 
 def _escape(text: str) -> str:
