@@ -41,6 +41,21 @@ class SummaryWriter:
         self._writer.close()
 
 
+def summary_writer(logdir: str | Path, say: Callable[[str], None]) -> SummaryWriter | None:
+    """TensorBoard's writer in ``logdir``, or None with a warning through ``say`` when TensorFlow (which writes
+    the events) is missing."""
+    try:
+        return SummaryWriter(logdir)
+    except ImportError as error:
+        say(f"warning: no TensorBoard summaries ({error}); install tensorflow-cpu for them")
+        return None
+
+
+def say_stderr(message: str) -> None:
+    """A log line on stderr, before a run has its progress display."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def format_metrics(values: Mapping[str, float]) -> str:
     return " ".join(f"{name}={value:.4g}" for name, value in values.items())
 

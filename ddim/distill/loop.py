@@ -36,10 +36,10 @@ from ddim.distill.plan import Phase
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
 from ddim.errors import UserError
 from ddim.model import DiffusionModel, init_variables
-from ddim.summary import Progress, Reporter
+from ddim.summary import Progress, Reporter, say_stderr, summary_writer
 from ddim.train import state as state_lib
 from ddim.train.actions import LogTrainMetrics, MetricsBuffer, SampleGrid, SaveCheckpoint, StepInfo, TrainingError
-from ddim.train.loop import MAX_STEPS_AHEAD, RunOutputs, _say_stderr, _summary_writer
+from ddim.train.loop import MAX_STEPS_AHEAD, RunOutputs
 from ddim.train.stop import StopRequest
 from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 from ddim.workdir.records import append_record, read_records
@@ -139,7 +139,7 @@ class DistillationRun(RunOutputs):
     def prepare(cls, teacher_source, workdir: Path, config_file, overrides, log) -> "DistillationRun":
         from ddim.sampling import load
 
-        early_say = log or _say_stderr
+        early_say = log or say_stderr
         teacher = load(teacher_source)
         plan_lib.check_teacher(teacher.config.model, f"the teacher {teacher_source}")
         config = run_config(teacher.config, config_file, overrides)
@@ -169,7 +169,7 @@ class DistillationRun(RunOutputs):
         total = phases[-1].end
         progress = Progress(total, start_step, description=config.name)
         say = log or progress.log
-        writer = _summary_writer(workdir, say) if start_step < total else None
+        writer = summary_writer(Workdir(workdir).tensorboard, say) if start_step < total else None
         say(f"distilling {teacher_source} (step {teacher.step}) into {workdir}: "
             + "; ".join(f"{p.describe()} ({p.optimizer_steps} steps)" for p in phases)
             + (f"; resuming from step {start_step}" if start_step else ""))

@@ -12,8 +12,6 @@ from ``(seed, epoch)`` (see :mod:`ddim.data`).
 from __future__ import annotations
 
 import dataclasses
-
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +25,7 @@ from ddim.checkpoint import Checkpointer, model_config_mismatch
 from ddim.config import Config
 from ddim.errors import UserError, environment_error
 from ddim.model import DiffusionModel
-from ddim.summary import Progress, Reporter, SummaryWriter
+from ddim.summary import Progress, Reporter, say_stderr, summary_writer
 from ddim.train import init as init_lib
 from ddim.train import state as state_lib
 from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, TrainingError, default_actions
@@ -38,19 +36,6 @@ from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 # Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
 # already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
 MAX_STEPS_AHEAD = 2
-
-
-def _say_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _summary_writer(workdir: Path, say) -> SummaryWriter | None:
-    """TensorBoard's writer, or None with a warning when TensorFlow (which writes the events) is missing."""
-    try:
-        return SummaryWriter(Workdir(workdir).tensorboard)
-    except ImportError as error:
-        say(f"warning: no TensorBoard summaries ({error}); install tensorflow-cpu for them")
-        return None
 
 
 @dataclass
@@ -170,7 +155,7 @@ class TrainingRun(RunOutputs):
     @classmethod
     def _prepare(cls, config: Config, workdir: Path, log) -> "TrainingRun":
         t = config.train
-        early_say = log or _say_stderr
+        early_say = log or say_stderr
         # Every process reads the cache (one of them builds it, under a lock); only process 0 reports.
         is_writer = jax.process_index() == 0
         data = data_lib.load(config, workdir, ("train", "val") if t.eval_every else ("train",),
@@ -226,7 +211,7 @@ class TrainingRun(RunOutputs):
             f"{jax.device_count()} {jax.default_backend()}, mesh {tuple(mesh.devices.shape)}, global batch "
             f"{t.batch_size}"
         )
-        writer = _summary_writer(workdir, say) if is_writer and start_step < total_steps else None
+        writer = summary_writer(Workdir(workdir).tensorboard, say) if is_writer and start_step < total_steps else None
         resuming = f"; resuming from step {start_step}" if latest is not None else ""
         say(f"{config.name}: {steps_per_epoch} steps/epoch, {total_steps} steps, workdir {workdir}{resuming}")
         if init_note and is_writer:
