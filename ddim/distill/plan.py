@@ -77,14 +77,6 @@ def plan(teacher: ModelConfig, config: Config) -> list[Phase]:
     return phases
 
 
-def phase_at(phases: list[Phase], step: int) -> Phase:
-    """The phase a state at global ``step`` trains in next (the last phase once all are done)."""
-    for phase in phases:
-        if step < phase.end:
-            return phase
-    return phases[-1]
-
-
 def student_model(teacher: ModelConfig, config: Config, phase: Phase) -> ModelConfig:
     """The student's model config in ``phase``: the teacher's network with the student's target, step count and,
     for a class-conditional teacher, the guidance scale as an input over the distilled range."""
