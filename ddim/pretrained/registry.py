@@ -102,13 +102,14 @@ def source_of(name: str) -> str:
     return PREFIX + name
 
 
-def load_pretrained(name: str, root: str | os.PathLike | None = None):
+def load_pretrained(name: str, root: str | os.PathLike | None = None, check: bool = True):
     """The config and variables of the bundled model ``name``, checked, as a
     :class:`ddim.checkpoint.LoadedCheckpoint` (its step is the training step, its path the bundle).
 
     Raises :class:`PretrainedError` for an unknown name or weights that do not
-    match their SHA-256, and :class:`ddim.checkpoint.CheckpointError` for weights
-    that do not fit the config.
+    match their SHA-256, and, with ``check``, :class:`ddim.checkpoint.CheckpointError`
+    for weights that do not fit the config (without it the caller's first trace
+    checks them: :func:`ddim.checkpoint.ema.weights_fit`).
     """
     import jax
 
@@ -120,21 +121,23 @@ def load_pretrained(name: str, root: str | os.PathLike | None = None):
     manifest = find(name, root)
     # One transfer of the whole tree: jnp.asarray per leaf compiles a small program for each of its shapes.
     variables = jax.device_put(read_variables(manifest))
-    check_fits_config(manifest.config, variables, manifest.directory)
+    if check:
+        check_fits_config(manifest.config, variables, manifest.directory)
     return LoadedCheckpoint(manifest.config, variables, manifest.record.get("steps"), manifest.directory,
                             sampling_defaults(manifest))
 
 
-def load_source(source: str | os.PathLike, step: int | None = None, warn=None):
+def load_source(source: str | os.PathLike, step: int | None = None, warn=None, check: bool = True):
     """The config and EMA variables of ``source``: ``"pretrained:NAME"`` (a bundled model, :func:`load_pretrained`)
     or a work directory, its ``checkpoints`` folder or a step directory (:func:`ddim.checkpoint.load_ema`), as a
-    :class:`ddim.checkpoint.LoadedCheckpoint`. What ``ddim.load`` and ``ddim train --init`` read."""
+    :class:`ddim.checkpoint.LoadedCheckpoint`. What ``ddim.load`` and ``ddim train --init`` read. ``check``: the
+    weights' shapes are checked against the config here (without it, by the caller's first trace)."""
     from ddim.checkpoint.ema import load_ema
     from ddim.errors import InputError
 
     name = pretrained_name(source)
     if name is None:
-        return load_ema(source, step, warn)
+        return load_ema(source, step, warn, check)
     if step is not None:
         raise InputError(f"a bundled model has one step; leave out step (got {step}) with {source!r}")
-    return load_pretrained(name)
+    return load_pretrained(name, check=check)

@@ -102,8 +102,15 @@ class Pipeline:
     def _prepare(self, images) -> tuple[np.ndarray, list[tuple[int, int]]]:
         return prepare_images(images, self.config.model.image_size, self.config.model.channels)
 
+    def _weights_fit(self):
+        """Around every program: :func:`load` left the weights' shape check to its trace."""
+        from ddim.checkpoint.ema import weights_fit
+
+        return weights_fit(self.config, self.path)
+
     def _run(self, program, spec: SamplingSpec, count: int, **options) -> np.ndarray:
-        return programs.map_batches(program, self.model, self.variables, spec, count=count, **options)
+        with self._weights_fit():
+            return programs.map_batches(program, self.model, self.variables, spec, count=count, **options)
 
     def generate(self, num_images: int | None = None, steps: int | None = None, seed: int = 0,
                  eta: float | None = None, batch_size: int | None = None, on_batch: OnBatch | None = None,
@@ -149,8 +156,9 @@ class Pipeline:
         if num_images < 1:
             raise InputError(f"the number of images must be >= 1, got {num_images}")
         cond = self._condition(num_images, spec, classes, seed, cond)
-        return programs.generate_images(self.model, self.variables, num_images, spec, seed, batch_size, on_batch,
-                                        latents, cond)
+        with self._weights_fit():
+            return programs.generate_images(self.model, self.variables, num_images, spec, seed, batch_size, on_batch,
+                                            latents, cond)
 
     def latents(self, num_images: int = 1, seed: int = 0, batch_size: int | None = None) -> np.ndarray:
         """The initial noise ``generate(num_images, seed=seed, batch_size=batch_size)`` starts from, float32."""
@@ -255,8 +263,9 @@ class Pipeline:
         cond = self.class_space.path_condition(weights, spec, classes, cond)
         path = np.array(slerp(a[0], b[0], weights))
         path[0], path[-1] = a[0], b[0]  # the ends exactly, not to rounding
-        return programs.generate_images(self.model, self.variables, frames, spec, batch_size=batch_size,
-                                        latents=path, cond=cond)
+        with self._weights_fit():
+            return programs.generate_images(self.model, self.variables, frames, spec, batch_size=batch_size,
+                                            latents=path, cond=cond)
 
     def edit(self, images, strength: float = 0.6, steps: int | None = None, seed: int = 0, sampler: str | None = None,
              spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
@@ -322,10 +331,12 @@ def load(path: str | Path, step: int | None = None, warn: Callable[[str], None] 
     no training run owns the directory. A bundled model's weights are checked
     against their SHA-256. Raises :class:`ddim.checkpoint.CheckpointError`,
     also for a damaged named step, an unknown bundled model or one whose
-    weights were changed.
+    weights were changed. Weights that do not fit their config raise it when
+    the verbs first trace the network (which checks every weight's shape), not
+    here: loading traces nothing.
     """
     from ddim.pretrained.registry import load_source, pretrained_name
 
-    loaded = load_source(path, step, warn)
+    loaded = load_source(path, step, warn, check=False)
     return Pipeline(loaded.config, loaded.variables, step=loaded.step, path=loaded.path,
                     pretrained=pretrained_name(path), defaults=loaded.defaults)
