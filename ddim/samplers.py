@@ -1,6 +1,6 @@
 """Samplers of the reverse process and the time grids they walk, as pure functions.
 
-Every sampler here solves the same *probability-flow ODE* of the diffusion
+Every sampler here but ``consistency`` solves the same *probability-flow ODE* of the diffusion
 (DDIM eq. 13, the ODE form of deterministic DDIM; Song et al. 2021, eq. 13),
 written for this project's continuous cosine schedule
 (:func:`ddim.diffusion.cosine_schedule`): at diffusion time ``t`` the signal
@@ -24,6 +24,11 @@ A sampler approximates the integral from the network's data (x0) predictions:
   2022, appendix; the ``multistep_dpm_solver_third_update`` of their code),
   from the last three predictions; the first two steps fall back to orders 1
   and 2.
+- ``consistency``: for a consistency student only (``ddim distill --method
+  consistency``), whose data prediction is already the end of its teacher's
+  ODE: the next state is that prediction noised afresh to the next time
+  (multistep consistency sampling, Song et al. 2023, Algorithm 1). Not an
+  ODE solver; it draws fresh noise at every step.
 
 **Time grids and the clean end.** ``steps`` is the number of network calls. A
 spacing gives the ``steps`` diffusion times where the network is evaluated, from
@@ -208,6 +213,8 @@ class Sampler:
 
     name: str = ""
     stochastic: bool = False
+    fresh_noise: bool = False
+    """Draws fresh noise at every step whatever ``eta`` is (consistency sampling)."""
 
     def init(self, x) -> Any:
         return ()
@@ -285,9 +292,23 @@ class DPMSolverPP(Sampler):
         return next_x, (previous, previous_lambdas, count + 1)
 
 
+class Consistency(Sampler):
+    """Multistep consistency sampling (Song et al. 2023, Algorithm 1) for a consistency student, whose image
+    prediction is the end of the teacher's ODE trajectory through the state: the next state is that image
+    re-noised with fresh noise to the next time, ``x_s = alpha_s x0 + sigma_s z`` (their
+    ``x + sqrt(tau^2 - eps^2) z`` in this schedule, the boundary eps being noise rate 0)."""
+
+    name = "consistency"
+    fresh_noise = True
+
+    def step(self, history, x, pred_noises, pred_images, rates, next_rates, eta, fresh_noise):
+        return diffusion.add_noise(pred_images, fresh_noise, next_rates.noise, next_rates.signal), history
+
+
 def _solver(name: str, kind: spec.SamplerKind) -> Sampler:
-    """The solver of a registry entry: DDIM is the first-order (and only stochastic) one, the others DPM-Solver++."""
-    solver = DDIM() if kind.order == 1 else DPMSolverPP(kind.order)
+    """The solver of a registry entry: DDIM is the first-order (and only stochastic) one, the others DPM-Solver++,
+    and the consistency student's sampler its own."""
+    solver = Consistency() if kind.consistency else DDIM() if kind.order == 1 else DPMSolverPP(kind.order)
     if (solver.name, solver.stochastic) != (name, kind.stochastic):
         raise AssertionError(f"the registry entry {name!r} does not describe {solver!r}")
     return solver
@@ -342,7 +363,8 @@ def run(
       for sampling, towards the noise for inversion: DDIM eq. 13 both ways).
     - ``eta``/``rng``: the fresh noise of a stochastic sampler (DDIM eq. 16),
       drawn with ``fold_in(rng, i)`` at step ``i``; unused when the sampler is
-      deterministic or ``eta`` is the Python number 0.
+      deterministic or ``eta`` is the Python number 0 (the consistency sampler
+      draws it at every step).
     - ``hook(step, x, rates) -> x``: applied to the state before each network
       call (inpainting replaces the known region there).
     - ``keep_trajectory``: also return every step's data prediction, ``(S, *x.shape)``.
@@ -354,9 +376,9 @@ def run(
     sampler = get_sampler(sampler) if isinstance(sampler, str) else sampler
     num_steps = grid.num_steps
     ones = jnp.ones((x.shape[0],) + (1,) * (x.ndim - 1), jnp.float32)
-    fresh_noise_needed = sampler.stochastic and not (isinstance(eta, (int, float)) and eta == 0)
+    fresh_noise_needed = sampler.fresh_noise or sampler.stochastic and not (isinstance(eta, (int, float)) and eta == 0)
     if fresh_noise_needed and rng is None:
-        raise ValueError("a stochastic sampler with eta > 0 needs an rng")
+        raise ValueError(f"the {sampler.name} sampler{' with eta > 0' if not sampler.fresh_noise else ''} needs an rng")
     trajectory = jnp.zeros((num_steps if keep_trajectory else 0, *x.shape), x.dtype)
 
     def body(context, carry):

@@ -20,17 +20,22 @@ from ddim.errors import InputError
 
 
 class SamplerKind(NamedTuple):
-    """A registered sampler: its order, whether it takes ``eta`` (fresh noise), and one line about it."""
+    """A registered sampler: its order, whether it takes ``eta`` (fresh noise), one line about it, and whether only
+    a consistency student samples with it."""
 
     order: int
     stochastic: bool
     summary: str
+    consistency: bool = False
 
 
 SAMPLERS: dict[str, SamplerKind] = {
     "ddim": SamplerKind(1, True, "DDIM's update (DDIM eq. 12; eq. 16's fresh noise with eta > 0), first order"),
     "dpmpp-2m": SamplerKind(2, False, "DPM-Solver++(2M) (Lu et al. 2022, Algorithm 2), second order, deterministic"),
     "dpmpp-3m": SamplerKind(3, False, "DPM-Solver++ third-order multistep, deterministic"),
+    "consistency": SamplerKind(1, False, "multistep consistency sampling (Song et al. 2023, Algorithm 1): the "
+                               "image prediction re-noised with fresh noise to the next time; consistency students "
+                               "only", consistency=True),
 }
 """Every sampler by its name; :mod:`ddim.samplers` builds one solver per entry."""
 
@@ -110,8 +115,9 @@ class SamplingSpec:
         if not eta >= 0:
             raise SpecError(f"eta must be >= 0, got {self.eta}", f"--eta must be >= 0 (got {self.eta})")
         if eta > 0 and not SAMPLERS[self.sampler].stochastic:
-            raise SpecError(f"eta > 0 needs the ddim sampler ({self.sampler} is deterministic), got eta {eta:g}",
-                            f"--eta > 0 needs --sampler ddim ({self.sampler} is deterministic)")
+            kind = "takes no eta" if SAMPLERS[self.sampler].consistency else "is deterministic"
+            raise SpecError(f"eta > 0 needs the ddim sampler ({self.sampler} {kind}), got eta {eta:g}",
+                            f"--eta > 0 needs --sampler ddim ({self.sampler} {kind})")
         object.__setattr__(self, "eta", eta)
         if self.guidance is not None:
             guidance = _number("guidance", self.guidance)
@@ -183,9 +189,10 @@ def _number(name: str, value) -> float:
 class SamplingRules:
     """What one model samples with when nothing is asked (:attr:`defaults`), and what it refuses.
 
-    A diffusion model takes any spec; its defaults are :class:`SamplingSpec`'s, or the measured best setting a
-    bundled model's record names. A distilled student (``model.distilled_steps``) samples only with the
-    deterministic DDIM step on the uniform grid of its own step count, and a student that takes the guidance
+    A diffusion model takes any spec but the consistency sampler; its defaults are :class:`SamplingSpec`'s, or the
+    measured best setting a bundled model's record names. A distilled student (``model.distilled_steps``) samples
+    only with its own sampler (deterministic DDIM for a progressive student, multistep consistency sampling for a
+    consistency student) on the uniform grid of one of its step counts, and a student that takes the guidance
     scale as an input only within the range it was distilled on: anything else is a :class:`SpecError` that
     names what it has.
     """
@@ -194,14 +201,24 @@ class SamplingRules:
     distilled_steps: int = 0
     guidance_range: tuple[float, ...] = ()
     name: str = "this model"
+    step_counts: tuple[int, ...] = ()
+    """A student's step counts (default: ``distilled_steps`` alone)."""
+    sampler: str = "ddim"
+    """A student's sampler."""
+    teacher: str = ""
+    """A student's teacher, named in the refusals of what it cannot do."""
 
     @classmethod
-    def of(cls, model, defaults: SamplingSpec | None = None, name: str | None = None) -> "SamplingRules":
-        """The rules of a :class:`ddim.config.ModelConfig`, with a bundle's recorded ``defaults`` if any."""
-        steps = model.distilled_steps
+    def of(cls, model, defaults: SamplingSpec | None = None, name: str | None = None,
+           teacher: str | None = None) -> "SamplingRules":
+        """The rules of a :class:`ddim.config.ModelConfig`, with a bundle's recorded ``defaults`` if any, and the
+        teacher a student was distilled from (default: its config's ``distilled_from``)."""
+        steps, sampler = model.distilled_steps, model.distilled_sampler if model.distilled_steps else "ddim"
         if defaults is None:
-            defaults = SamplingSpec(steps=steps) if steps else SamplingSpec()
-        return cls(defaults, steps, tuple(model.guidance_range), name or "this model")
+            defaults = SamplingSpec(steps=steps, sampler=sampler) if steps else SamplingSpec()
+        counts = tuple(model.distilled_step_counts) or ((steps,) if steps else ())
+        return cls(defaults, steps, tuple(model.guidance_range), name or "this model", counts, sampler,
+                   teacher or model.distilled_from)
 
     @property
     def distilled(self) -> bool:
@@ -216,17 +233,12 @@ class SamplingRules:
     def check(self, spec: SamplingSpec) -> SamplingSpec:
         """``spec`` if this model can sample with it, else a :class:`SpecError` saying what it takes."""
         if self.distilled:
-            steps = self.distilled_steps
-            if spec.steps != steps:
-                raise SpecError(f"{self.name} is distilled for {steps} steps and samples with no other count "
-                                f"(got {spec.steps})",
-                                f"{self.name} is distilled for --steps {steps} only (got --steps {spec.steps}); "
-                                "leave out --steps")
-            if (spec.sampler, spec.spacing, spec.eta) != ("ddim", "uniform", 0.0):
-                raise SpecError(f"{self.name} is distilled for deterministic DDIM steps on the uniform grid, not "
-                                f"sampler {spec.sampler!r}, spacing {spec.spacing!r}, eta {spec.eta:g}",
-                                f"{self.name} is distilled for --sampler ddim --spacing uniform --eta 0 only; "
-                                "leave those options out")
+            self._check_student(spec)
+        elif SAMPLERS[spec.sampler].consistency:
+            raise SpecError(f"{self.name} is a diffusion model; the {spec.sampler} sampler is for consistency "
+                            "students (ddim distill --method consistency)",
+                            f"--sampler {spec.sampler} is for consistency students, and {self.name} is a diffusion "
+                            f"model (choose from {', '.join(n for n, k in SAMPLERS.items() if not k.consistency)})")
         if self.guidance_range and spec.guidance is not None:
             low, high = self.guidance_range
             if not low <= spec.guidance <= high:
@@ -236,11 +248,32 @@ class SamplingRules:
                                 f"(got {spec.guidance:g})")
         return spec
 
+    def _check_student(self, spec: SamplingSpec) -> None:
+        counts = self.step_counts or (self.distilled_steps,)
+        if spec.steps not in counts:
+            if len(counts) == 1:
+                raise SpecError(f"{self.name} is distilled for {counts[0]} steps and samples with no other count "
+                                f"(got {spec.steps})",
+                                f"{self.name} is distilled for --steps {counts[0]} only (got --steps {spec.steps}); "
+                                "leave out --steps")
+            listed = ", ".join(str(count) for count in counts)
+            raise SpecError(f"{self.name} is distilled for {listed} steps and samples with no other count "
+                            f"(got {spec.steps})",
+                            f"{self.name} is distilled for --steps {listed} only (got --steps {spec.steps})")
+        if (spec.sampler, spec.spacing, spec.eta) != (self.sampler, "uniform", 0.0):
+            what = ("deterministic DDIM steps" if self.sampler == "ddim"
+                    else f"{self.sampler} sampling") + " on the uniform grid"
+            raise SpecError(f"{self.name} is distilled for {what}, not sampler {spec.sampler!r}, spacing "
+                            f"{spec.spacing!r}, eta {spec.eta:g}",
+                            f"{self.name} is distilled for --sampler {self.sampler} --spacing uniform --eta 0 only; "
+                            "leave those options out")
+
     def refuse_ode(self, verb: str) -> None:
         """A student has no probability-flow ODE to run backwards or from part way: ``verb`` needs the teacher."""
         if self.distilled:
+            teacher = f" ({self.teacher})" if self.teacher else ""
             raise SpecError(f"{self.name} is a distilled student: it samples from pure noise on its "
                             f"{self.distilled_steps}-step grid and cannot {verb}; use the diffusion model it was "
-                            "distilled from",
+                            f"distilled from{teacher}",
                             f"{self.name} is a distilled student and cannot {verb}; use the diffusion model it "
-                            "was distilled from")
+                            f"was distilled from{teacher}")

@@ -90,7 +90,8 @@ def test_the_solvers_and_the_cli_derive_from_the_one_registry():
 
 def run_sampler(denoise, x, name, spacing, steps):
     g = grid(spacing, steps)
-    return jax.jit(lambda x: samplers.run(denoise, schedule, x, g, name).pred_images)(x), g
+    rng = jax.random.key(0)  # the consistency sampler's fresh noise
+    return jax.jit(lambda x: samplers.run(denoise, schedule, x, g, name, rng=rng).pred_images)(x), g
 
 
 @pytest.mark.slow

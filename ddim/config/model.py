@@ -69,8 +69,18 @@ class ModelConfig:
     guidance_range: tuple[float, ...] = ()
     """With guidance_input: the [lowest, highest] guidance scale the student was distilled on; others are refused."""
     distilled_steps: int = 0
-    """0 for a diffusion model (any step count, any sampler). A distilled student (``ddim distill``) samples with
-    exactly this many deterministic DDIM steps on the uniform grid it was distilled for, and nothing else."""
+    """0 for a diffusion model (any step count, any sampler). A distilled student (``ddim distill``) samples by
+    default with this many steps of its distilled_sampler on the uniform grid, and with no count outside
+    distilled_step_counts."""
+    distilled_sampler: str = "ddim"
+    """A distilled student's sampler: "ddim" (deterministic DDIM steps, a progressive student) or "consistency"
+    (multistep consistency sampling, a consistency student: denoise, re-noise to the next time, denoise)."""
+    distilled_step_counts: tuple[int, ...] = ()
+    """The step counts a distilled student samples with; empty: distilled_steps alone (a progressive student).
+    A consistency student lists every count it was distilled for (e.g. [1, 2, 4])."""
+    distilled_from: str = ""
+    """A distilled student's teacher as ``ddim distill`` was given it (``pretrained:NAME`` or its path): the
+    diffusion model that does what a student cannot (invert, reconstruct, edit)."""
 
 
 
@@ -117,6 +127,11 @@ def validate_model(m: ModelConfig) -> None:
         raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
     if m.distilled_steps < 0:
         raise ConfigError(f"model.distilled_steps must be >= 0, got {m.distilled_steps}")
+    choice("model.distilled_sampler", m.distilled_sampler, ("ddim", "consistency"))
+    if m.distilled_step_counts and (m.distilled_steps not in m.distilled_step_counts
+                                    or any(count < 1 for count in m.distilled_step_counts)):
+        raise ConfigError(f"model.distilled_step_counts ({list(m.distilled_step_counts)}) must be positive and hold "
+                          f"model.distilled_steps ({m.distilled_steps})")
     if m.guidance_input and not m.class_conditional:
         raise ConfigError("model.guidance_input needs a class-conditional model (guidance needs classes)")
     if m.guidance_range and (len(m.guidance_range) != 2 or not 0.0 <= m.guidance_range[0] <= m.guidance_range[1]):
