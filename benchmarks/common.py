@@ -77,7 +77,7 @@ def earlier_record(source, spec, num: int, eval_root: Path, *, seed: int = 0, ba
     for record in read_records(Workdir(eval_root).eval_file):
         record_guidance = 1.0 if record.get("guidance") is None else record["guidance"]
         if (all(record.get(key) == value for key, value in wanted.items() if key != "guidance")
-                and record_guidance == wanted["guidance"]
+                and record_guidance == wanted["guidance"] and record.get("clip", False) == request.spec.clip
                 and record.get("class_mode") in (None, "data-frequency", "unconditional")):
             found = record  # the newest wins
     return found

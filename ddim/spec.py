@@ -98,6 +98,9 @@ class SamplingSpec:
     """DDIM's fresh noise per step (DDIM eq. 16): 0 is deterministic, 1 DDPM-like; only stochastic samplers take > 0."""
     guidance: float | None = None
     """Classifier-free guidance scale (Ho & Salimans 2022) for class-conditional models; None: no guidance."""
+    clip: bool = False
+    """Clip every step's image prediction to the pixels' range, [0, 1] in the normaliser's units, and go on with
+    the noise the clipped image implies (DDPM's ``clip_denoised``)."""
 
     def __post_init__(self):
         steps = self.steps
@@ -125,6 +128,9 @@ class SamplingSpec:
                 raise SpecError(f"the guidance scale must be >= 0, got {self.guidance}",
                                 f"--guidance must be >= 0 (got {self.guidance})")
             object.__setattr__(self, "guidance", guidance)
+        if not isinstance(self.clip, bool):
+            raise SpecError(f"clip must be True or False, got {self.clip!r}",
+                            f"--clip takes no value (got {self.clip!r})")
 
     @property
     def static(self) -> tuple[int, str, str]:
@@ -152,8 +158,12 @@ class SamplingSpec:
         return dataclasses.replace(base, **changes) if changes else base
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values, as written into ``eval.jsonl`` and other records."""
-        return dataclasses.asdict(self)
+        """Plain values, as written into ``eval.jsonl`` and other records (``clip`` only when set, so records of
+        unclipped sampling read as they always have)."""
+        values = dataclasses.asdict(self)
+        if not self.clip:
+            del values["clip"]
+        return values
 
     def cli_options(self, *, skip_defaults: bool = True) -> list[str]:
         """The ``ddim sample`` options that reproduce this spec (defaults left out unless asked for)."""

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from ddim import diffusion, samplers
 from ddim.model import DiffusionModel, bind_denoiser, denormalize, normalize
+from ddim.objective import noise_from_image
 from ddim.spec import SamplingSpec
 
 
@@ -23,10 +24,28 @@ def time_grid(model: DiffusionModel, spec: SamplingSpec, start=1.0):
     return samplers.time_grid(spec.spacing, spec.steps, c.min_signal_rate, c.max_signal_rate, start)
 
 
+def spec_denoiser(model: DiffusionModel, variables, spec: SamplingSpec):
+    """``denoise(x, noise_rates, signal_rates, cond=None)``; with ``spec.clip`` its image prediction is clipped to
+    the pixels' range, [0, 1] in the normaliser's units, with the noise the clipped image implies (DDPM's
+    ``clip_denoised``)."""
+    denoise = bind_denoiser(model, variables)
+    if not spec.clip:
+        return denoise
+    ends = jnp.zeros((2, 1, 1, model.config.channels), jnp.float32).at[1].set(1.0)
+    low, high = normalize(model, variables, ends)
+
+    def clipped(noisy_images, noise_rates, signal_rates, cond=None):
+        _, images = denoise(noisy_images, noise_rates, signal_rates, cond)
+        images = jnp.clip(images, low, high)
+        return noise_from_image(noisy_images, images, noise_rates, signal_rates), images
+
+    return clipped
+
+
 def reverse_process(model, variables, x, grid, spec: SamplingSpec, eta=0.0, rng=None, cond=None, hook=None,
                     keep_trajectory: bool = False) -> samplers.Result:
     """Run ``spec``'s sampler over ``grid`` from ``x`` (normalised units) in one compiled loop."""
-    denoise = bind_denoiser(model, variables)
+    denoise = spec_denoiser(model, variables, spec)
 
     def call(context, noisy_images, noise_rates, signal_rates):
         return denoise(noisy_images, noise_rates, signal_rates, cond)
@@ -87,7 +106,7 @@ def invert(model: DiffusionModel, variables, images, spec: SamplingSpec, cond=No
     none, two are no better than one and four are worse). Returns float32
     latents ``(N, H, W, C)`` in the units of the initial noise.
     """
-    denoise = bind_denoiser(model, variables)
+    denoise = spec_denoiser(model, variables, spec)
     clean = normalize(model, variables, images)
     grid = time_grid(model, spec)
     ones = jnp.ones((clean.shape[0], 1, 1, 1), jnp.float32)
