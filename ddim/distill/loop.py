@@ -6,14 +6,17 @@ directory holds::
 
     <workdir>/
       checkpoints/<step>/        the student in training (Ctrl-C saves; the same command resumes)
-      students/<N>/checkpoints/  the student of every finished phase, N its step count: a work directory of its own
+      students/<N>/checkpoints/  the student of every finished phase, N its step count (or ``consistency``, the one
+                                 consistency student): a work directory of its own
                                  (ddim sample --workdir <workdir>/students/4)
       distill.jsonl              the teacher, and the optimiser steps and seconds of every stretch of training
       samples/, tensorboard/, data_cache/   as for ddim train
 
 The global step counts on across phases (:mod:`ddim.distill.plan`), the data order is a function of
 ``(seed, epoch)`` and every step's noise of ``fold_in(key, step)``, so a resumed run trains as if it had not
-stopped.
+stopped. Nothing changes under a phase's feet: a :class:`DistillationRun` is what is set up once, a
+:class:`PhaseJob` what one phase trains with, and :meth:`DistillationRun.train_phase` takes a state and returns
+the one it reached (:class:`PhaseEnd`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
@@ -30,16 +33,19 @@ import numpy as np
 from ddim import data as data_lib
 from ddim import parallel
 from ddim.checkpoint import Checkpointer, load_ema
+from ddim.checkpoint.ema import check_fits_config
 from ddim.config import Config, ConfigError, apply_overrides, from_dict, read_toml
 from ddim.distill import plan as plan_lib
 from ddim.distill.plan import Phase
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
 from ddim.errors import UserError
 from ddim.model import DiffusionModel, init_variables
+from ddim.spec import SamplingRules
 from ddim.summary import Progress, Reporter, say_stderr, summary_writer
 from ddim.train import state as state_lib
 from ddim.train.actions import LogTrainMetrics, MetricsBuffer, SampleGrid, SaveCheckpoint, StepInfo, TrainingError
 from ddim.train.loop import MAX_STEPS_AHEAD, RunOutputs
+from ddim.train.state import TrainState
 from ddim.train.stop import StopRequest
 from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 from ddim.workdir.records import append_record, read_records
@@ -48,13 +54,14 @@ STUDENTS = "students"
 RECORDS = "distill.jsonl"
 
 
-def students_dir(workdir: str | Path, steps: int) -> Path:
-    """The work directory of the finished student of ``steps`` steps inside a distillation work directory."""
+def students_dir(workdir: str | Path, steps: int | str) -> Path:
+    """The work directory of the finished student of ``steps`` steps (or ``"consistency"``) inside a distillation
+    work directory."""
     return Path(workdir) / STUDENTS / str(steps)
 
 
 def teacher_identity(source: str | Path) -> str:
-    """How ``distill.jsonl`` names a teacher: ``pretrained:NAME``, or the absolute path."""
+    """How ``distill.jsonl`` and the students' configs name a teacher: ``pretrained:NAME``, or the absolute path."""
     from ddim.pretrained.registry import pretrained_name
 
     return str(source) if pretrained_name(source) is not None else str(Path(source).absolute())
@@ -63,8 +70,18 @@ def teacher_identity(source: str | Path) -> str:
 def run_config(teacher: Config, config_file: str | Path | None = None, overrides=()) -> Config:
     """The run's config: the teacher's, named ``<teacher>-distilled``, with ``config_file``'s ``[distill]`` section
     (and ``name``) and then ``overrides`` (``section.key=value``, any section) applied."""
-    values = teacher.to_dict()
-    values["name"] = f"{teacher.name}-distilled"
+    return from_dict(apply_overrides(_distill_values(teacher.to_dict(), teacher.name, config_file), list(overrides)))
+
+
+def check_settings(config_file: str | Path | None = None, overrides=()) -> None:
+    """The ``[distill]`` settings alone, checked before anything loads or is written (:class:`ConfigError`); the
+    rest of the run's config is the teacher's, checked once it is loaded (:func:`run_config`)."""
+    values = _distill_values({}, "teacher", config_file)
+    from_dict(apply_overrides(values, [item for item in overrides if str(item).startswith("distill.")]))
+
+
+def _distill_values(values: dict, teacher_name: str, config_file) -> dict:
+    values = dict(values, name=f"{teacher_name}-distilled")
     if config_file is not None:
         given = read_toml(config_file)
         extra = sorted(set(given) - {"name", "distill"})
@@ -73,7 +90,7 @@ def run_config(teacher: Config, config_file: str | Path | None = None, overrides
                               f"{config_file} also has {', '.join(extra)} (use --set for those)")
         values["name"] = given.get("name", values["name"])
         values["distill"] = given.get("distill", {})
-    return from_dict(apply_overrides(values, list(overrides)))
+    return values
 
 
 @dataclass
@@ -84,7 +101,8 @@ class DistillResult:
     final_step: int
     interrupted: bool
     students: dict[int, Path] = field(default_factory=dict)
-    """The finished students by step count (all there are in the work directory)."""
+    """The finished students by step count (all there are in the work directory; a consistency student under
+    every count it samples with)."""
     last_metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -92,33 +110,66 @@ def distill(teacher: str | Path, workdir: str | Path, config_file: str | Path | 
             log: Callable[[str], None] | None = None) -> DistillResult:
     """Distil ``teacher`` (a work directory, checkpoint or ``"pretrained:NAME"``) into ``workdir``, or resume.
 
-    ``config_file`` and ``overrides`` set the ``[distill]`` section (:func:`run_config`); ``log`` receives the
-    progress lines (default: the progress display). Raises :class:`ddim.errors.UserError` subclasses, one line
-    each, for a bad teacher, bad settings or a work directory started otherwise.
+    ``config_file`` and ``overrides`` set the ``[distill]`` section (:func:`run_config`; ``distill.method`` picks
+    progressive or consistency distillation); ``log`` receives the progress lines (default: the progress
+    display). Raises :class:`ddim.errors.UserError` subclasses, one line each, for a bad teacher, bad settings or
+    a work directory started otherwise.
     """
     workdir = Path(workdir)
+    check_settings(config_file, overrides)
     lock = lock_for_training(workdir, warn=log)
     try:
-        run = DistillationRun.prepare(teacher, workdir, config_file, overrides, log)
+        run, resumed = DistillationRun.prepare(teacher, workdir, config_file, overrides, log, lock)
     except BaseException:
         lock.release()
         raise
-    run.lock = lock
     try:
-        return run.train()
+        return run.train(resumed)
     finally:
         run.close()
 
 
-@dataclass
+class Resumed(NamedTuple):
+    """Where a run starts: the state of its newest checkpoint (None for a new run) and its global step."""
+
+    state: TrainState | None
+    step: int
+
+
+@dataclass(frozen=True)
+class PhaseJob:
+    """What one phase trains with, fixed for its length: the phase, the student's config and model, its teacher
+    (replicated) and the compiled step."""
+
+    phase: Phase
+    config: Config
+    """The config stored with the student's checkpoints."""
+    student: DiffusionModel
+    teacher_variables: Any
+    step_fn: Callable
+
+
+class PhaseEnd(NamedTuple):
+    """What training a phase returns: the state it reached, at which global step, whether it was stopped there,
+    and the mean of its last logged metrics."""
+
+    state: TrainState
+    step: int
+    stopped: bool
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
 class DistillationRun(RunOutputs):
-    """A distillation run set up by :meth:`prepare`: its teacher, plan, data and (resumed) state."""
+    """A distillation run set up by :meth:`prepare`: its teacher, plan, data and outputs, the same in every phase."""
 
     config: Config
     workdir: Path
+    teacher_name: str
+    """The teacher as the students' configs and ``distill.jsonl`` name it (:func:`teacher_identity`)."""
     teacher_model: DiffusionModel
     teacher_variables: dict[str, Any]
-    phases: list[Phase]
+    phases: tuple[Phase, ...]
     train_images: Any
     data_config: Config
     steps_per_epoch: int
@@ -128,24 +179,29 @@ class DistillationRun(RunOutputs):
     progress: Progress
     reporter: Reporter
     say: Callable[[str], None]
-    state: Any
-    start_step: int
     rng: Any
     grid_rng: Any
-    metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
     lock: WorkdirLock | None = None
 
     @classmethod
-    def prepare(cls, teacher_source, workdir: Path, config_file, overrides, log) -> "DistillationRun":
+    def prepare(cls, teacher_source, workdir: Path, config_file, overrides, log,
+                lock: WorkdirLock | None = None) -> tuple["DistillationRun", Resumed]:
+        """Load the teacher and the data, plan the phases, resume the newest checkpoint; ``(run, resumed)``."""
         from ddim.sampling import load
 
         early_say = log or say_stderr
         teacher = load(teacher_source)
+        check_fits_config(teacher.config, teacher.variables, teacher.path)  # load() leaves it to the first trace
         plan_lib.check_teacher(teacher.config.model, f"the teacher {teacher_source}")
         config = run_config(teacher.config, config_file, overrides)
-        phases = plan_lib.plan(teacher.config.model, config)
-        _check_teacher_record(workdir, teacher_identity(teacher_source), teacher.step)
+        phases = tuple(plan_lib.plan(teacher.config.model, config))
+        name = teacher_identity(teacher_source)
+        _check_teacher_record(workdir, name, teacher.step)
         d = config.distill
+        if teacher.config.model.prediction != d.prediction:
+            early_say(f"warning: the teacher predicts {teacher.config.model.prediction} and the students "
+                      f"{d.prediction}: the first student starts from weights made for another target; a "
+                      f"{d.prediction} teacher (ddim train --init) starts it as its teacher")
         # The data in the student's batch size and seed (the train section stays the teacher's record).
         data_config = dataclasses.replace(config, train=dataclasses.replace(config.train, batch_size=d.batch_size,
                                                                              seed=d.seed))
@@ -162,21 +218,22 @@ class DistillationRun(RunOutputs):
         rng, grid_rng = jax.random.split(jax.random.key(d.seed))
         checkpointer = Checkpointer(Workdir(workdir).checkpoints, keep=config.train.keep_checkpoints)
         try:
-            state, start_step = _resume(checkpointer, config, teacher.config.model, phases, mesh, log)
+            resumed = _resume(checkpointer, config, teacher.config.model, phases, mesh, log)
         except BaseException:
             checkpointer.close()
             raise
         total = phases[-1].end
-        progress = Progress(total, start_step, description=config.name)
+        progress = Progress(total, resumed.step, description=config.name)
         say = log or progress.log
-        writer = summary_writer(Workdir(workdir).tensorboard, say) if start_step < total else None
+        writer = summary_writer(Workdir(workdir).tensorboard, say) if resumed.step < total else None
         say(f"distilling {teacher_source} (step {teacher.step}) into {workdir}: "
             + "; ".join(f"{p.describe()} ({p.optimizer_steps} steps)" for p in phases)
-            + (f"; resuming from step {start_step}" if start_step else ""))
+            + (f"; resuming from step {resumed.step}" if resumed.step else ""))
         steps_per_epoch = data_lib.steps_per_epoch(data_config, len(data.train))
-        return cls(config, workdir, DiffusionModel(teacher.config.model), teacher.variables, phases, data.train,
-                   data_config, steps_per_epoch, label_table, mesh, checkpointer, progress, Reporter(writer, say),
-                   say, state, start_step, rng, grid_rng)
+        run = cls(config, workdir, name, DiffusionModel(teacher.config.model), teacher.variables, phases, data.train,
+                  data_config, steps_per_epoch, label_table, mesh, checkpointer, progress, Reporter(writer, say), say,
+                  rng, grid_rng, lock)
+        return run, resumed
 
     def batches(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
         """Global batches from ``start_step`` on, labels as the teacher's class ids."""
@@ -189,41 +246,62 @@ class DistillationRun(RunOutputs):
         index = self.phases.index(phase)
         if index == 0:
             return self.teacher_model, self.teacher_variables
-        previous = load_ema(students_dir(self.workdir, self.phases[index - 1].student_steps))
+        previous = load_ema(students_dir(self.workdir, self.phases[index - 1].student_name))
         return DiffusionModel(previous.config.model), previous.variables
 
-    def train(self) -> DistillResult:
-        step, stopped, last = self.start_step, False, {}
-        for phase in self.phases:
-            if step >= phase.end:
-                self._ensure_exported(phase, step)
-                continue
-            step, stopped = self.train_phase(phase, step)
-            last = self.metrics.last_mean
-            if stopped:
-                break
-            self._export(phase, self.state)
-        students = {p.student_steps: students_dir(self.workdir, p.student_steps) for p in self.phases
-                    if Workdir(students_dir(self.workdir, p.student_steps)).checkpoints.is_dir()}
-        if not stopped and self.start_step >= self.phases[-1].end:
-            self.say(f"already distilled to {self.phases[-1].student_steps} steps (step {step}); nothing to do")
-        return DistillResult(self.start_step, step, stopped, students, last)
+    def student_config(self, phase: Phase) -> Config:
+        return plan_lib.student_config(self.config, phase, self.teacher_name)
 
-    def train_phase(self, phase: Phase, step: int) -> tuple[int, bool]:
-        """Train ``phase`` from global ``step`` to its end or a stop; returns the step reached and whether stopped."""
-        config = plan_lib.student_config(self.config, phase)
+    def job(self, phase: Phase) -> PhaseJob:
+        """Everything ``phase`` trains with (its teacher loaded, its step compiled)."""
+        config = self.student_config(phase)
         student = DiffusionModel(config.model)
         teacher_model, teacher_variables = self.teacher_of(phase)
-        if step == phase.start:
-            self.state = create_student_state(student, teacher_variables, self.config, phase,
-                                              jax.random.fold_in(self.rng, phase.start), self.mesh)
-        teacher_variables = parallel.replicate(teacher_variables, self.mesh)
         step_fn = compiled_step(StepSettings.of(student, teacher_model, self.config, phase), self.mesh)
+        return PhaseJob(phase, config, student, parallel.replicate(teacher_variables, self.mesh), step_fn)
+
+    def first_state(self, job: PhaseJob) -> TrainState:
+        """A phase's first state: its teacher's weights, a fresh optimiser and weight average
+        (:func:`create_student_state`)."""
+        phase = job.phase
+        return create_student_state(job.student, job.teacher_variables, self.config, phase,
+                                    jax.random.fold_in(self.rng, phase.start), self.mesh)
+
+    def train(self, resumed: Resumed) -> DistillResult:
+        state, step = resumed
+        stopped, last = False, {}
+        for phase in self.phases:
+            if step >= phase.end:
+                self._ensure_exported(phase, state, step)
+                continue
+            job = self.job(phase)
+            end = self.train_phase(job, self.first_state(job) if step == phase.start else state, step)
+            state, step, stopped, last = end
+            if stopped:
+                break
+            self._export(phase, state)
+        if not stopped and resumed.step >= self.phases[-1].end:
+            self.say(f"already distilled to {self.phases[-1].student_steps} steps (step {step}); nothing to do")
+        return DistillResult(resumed.step, step, stopped, self.finished_students(), last)
+
+    def finished_students(self) -> dict[int, Path]:
+        """The students written so far, by every step count each samples with."""
+        found = {}
+        for phase in self.phases:
+            path = students_dir(self.workdir, phase.student_name)
+            if Workdir(path).checkpoints.is_dir():
+                counts = SamplingRules.of(self.student_config(phase).model).step_counts
+                found.update({count: path for count in counts})
+        return found
+
+    def train_phase(self, job: PhaseJob, state: TrainState, step: int) -> PhaseEnd:
+        """Train ``job``'s phase from ``state`` at global ``step`` to its end or a stop; returns where it got."""
+        phase, config, metrics = job.phase, job.config, MetricsBuffer()
         log_config = dataclasses.replace(config, train=self.data_config.train)
-        actions = [LogTrainMetrics(log_config, self.metrics, self.progress),
-                   SaveCheckpoint(config, self.checkpointer, self.metrics)]
+        actions = [LogTrainMetrics(log_config, metrics, self.progress), SaveCheckpoint(config, self.checkpointer, metrics)]
         if config.train.eval_every:
-            actions.append(SampleGrid(config, student, self.grid_rng, self.workdir, True, steps=phase.student_steps))
+            spec = SamplingRules.of(config.model).defaults  # the student's own steps and sampler
+            actions.append(SampleGrid(config, job.student, self.grid_rng, self.workdir, True, spec=spec))
         self.say(f"{phase.describe()}: steps {step + 1} to {phase.end}")
         started, action_seconds, first, info, stopped = time.perf_counter(), 0.0, step, None, False
         batches = self.batches(step)
@@ -231,12 +309,12 @@ class DistillationRun(RunOutputs):
             with StopRequest(self.mesh) as stop:
                 while step < phase.end:
                     step += 1
-                    self.state, metrics = step_fn(self.state, teacher_variables, next(batches), self.rng)
-                    self.metrics.append(metrics)
-                    self.metrics.bound_dispatch(MAX_STEPS_AHEAD)
+                    state, step_metrics = job.step_fn(state, job.teacher_variables, next(batches), self.rng)
+                    metrics.append(step_metrics)
+                    metrics.bound_dispatch(MAX_STEPS_AHEAD)
                     stopped = stop.agreed(step)
                     seconds = time.perf_counter() - started - action_seconds
-                    info = StepInfo(step, phase.end, self.steps_per_epoch, self.state, seconds, stopped)
+                    info = StepInfo(step, phase.end, self.steps_per_epoch, state, seconds, stopped)
                     action_seconds += self.run_actions(actions, info)
                     if stopped:
                         self.say(f"stopped at step {step}; checkpoint saved, run the same command to resume")
@@ -254,30 +332,32 @@ class DistillationRun(RunOutputs):
                 append_record(Workdir(self.workdir).root / RECORDS, {
                     "phase": phase.kind, "student_steps": phase.student_steps, "from_step": first,
                     "to_step": info.step, "seconds": round(time.perf_counter() - started, 3),
-                    "loss": self.metrics.last_mean.get("loss")})
-        return step, stopped
+                    "loss": metrics.last_mean.get("loss")})
+        return PhaseEnd(state, step, stopped, metrics.last_mean)
 
-    def _export(self, phase: Phase, state) -> Path:
-        """Save ``state``, the end of ``phase``, as the student ``students/<N>`` (a checkpoint of its own)."""
-        target = students_dir(self.workdir, phase.student_steps)
+    def _export(self, phase: Phase, state: TrainState) -> Path:
+        """Save ``state``, the end of ``phase``, as its student ``students/<N>`` (a checkpoint of its own)."""
+        config = self.student_config(phase)
+        target = students_dir(self.workdir, phase.student_name)
         checkpointer = Checkpointer(Workdir(target).checkpoints, keep=1)
         try:
-            checkpointer.save(int(state.step), state_lib.state_to_dict(state), plan_lib.student_config(self.config, phase))
+            checkpointer.save(int(state.step), state_lib.state_to_dict(state), config)
         finally:
             checkpointer.close()
-        self.say(f"{phase.describe()} done: the {phase.student_steps}-step student is {target} "
+        steps = ", ".join(str(count) for count in SamplingRules.of(config.model).step_counts)
+        self.say(f"{phase.describe()} done: the student of {steps} step{'s' if steps != '1' else ''} is {target} "
                  f"(ddim sample --workdir {target})")
         return target
 
-    def _ensure_exported(self, phase: Phase, step: int) -> None:
+    def _ensure_exported(self, phase: Phase, state: TrainState | None, step: int) -> None:
         """A finished phase has its student; one missing (a stop between the last save and the export) is made
         from the resumed state when that is the phase's end."""
-        if Workdir(students_dir(self.workdir, phase.student_steps)).checkpoints.is_dir():
+        if Workdir(students_dir(self.workdir, phase.student_name)).checkpoints.is_dir():
             return
-        if step != phase.end:
-            raise TrainingError(f"the {phase.student_steps}-step student of this run is missing from "
-                                f"{students_dir(self.workdir, phase.student_steps)}; use another --workdir")
-        self._export(phase, self.state)
+        if step != phase.end or state is None:
+            raise TrainingError(f"the {phase.student_name}-step student of this run is missing from "
+                                f"{students_dir(self.workdir, phase.student_name)}; use another --workdir")
+        self._export(phase, state)
 
 
 def _check_teacher_record(workdir: Path, source: str, step: int | None) -> None:
@@ -293,8 +373,8 @@ def _check_teacher_record(workdir: Path, source: str, step: int | None) -> None:
                             f"{source} (step {step}); give that teacher to resume, or use another --workdir")
 
 
-def _resume(checkpointer: Checkpointer, config: Config, teacher, phases: list[Phase], mesh, warn):
-    """``(state, step)`` of the newest intact checkpoint, checked against this run's settings; ``(None, 0)``."""
+def _resume(checkpointer: Checkpointer, config: Config, teacher, phases, mesh, warn) -> Resumed:
+    """The state and step of the newest intact checkpoint, checked against this run's settings."""
 
     def restore(step: int):
         stored = checkpointer.restore_config(step)
@@ -313,8 +393,4 @@ def _resume(checkpointer: Checkpointer, config: Config, teacher, phases: list[Ph
         return state_lib.restore_train_state(checkpointer, step, template)
 
     found = checkpointer.restore(restore, warn=warn)
-    if found is None:
-        return None, 0
-    step, state = found
-    return state, step
-
+    return Resumed(None, 0) if found is None else Resumed(found[1], found[0])

@@ -1,12 +1,17 @@
 """What a distillation run does, worked out from its config and its teacher before anything is trained.
 
-A run is a list of :class:`Phase`\\ s, each a span of optimiser steps with its own teacher and its own student:
+A run is a list of :class:`Phase`\\ s, each a span of optimiser steps with its own teacher and its own student.
+Progressive distillation (``distill.method = "progressive"``):
 
 - stage one (``"guidance"``), when the teacher is class-conditional or predicts another target than the
   student: the student learns the teacher's guided prediction with the guidance scale as an input (Meng et al.
   2023), at the times of the teacher's ``start_steps``-step grid; its student samples in ``start_steps`` steps;
 - then one halving round (``"round"``) per factor 2 from ``start_steps`` down to ``end_steps`` (Salimans & Ho
   2022, Algorithm 2), each student starting from its teacher's weights.
+
+Consistency distillation (``"consistency"``) is one phase whose student, started from the teacher's weights,
+learns the consistency function of the teacher's guided probability-flow ODE on its ``start_steps``-step grid
+(Song et al. 2023, Algorithm 2) and samples in any of ``distill.student_steps`` steps.
 
 The global step counts on across phases, so a checkpoint's step says which phase it belongs to and resuming is
 exact. JAX-free, so the command line checks a plan before it loads anything.
@@ -21,29 +26,42 @@ from ddim.config import Config, ConfigError, ModelConfig
 
 GUIDANCE_STAGE = "guidance"
 ROUND = "round"
+CONSISTENCY = "consistency"
 
 
 @dataclass(frozen=True)
 class Phase:
-    """One span of a distillation run: ``kind``, the student's step count, and its optimiser steps ``(start, end]``."""
+    """One span of a distillation run: ``kind``, the student's (default) step count, its optimiser steps
+    ``(start, end]``, and the grid whose times it trains at."""
 
     kind: str
     student_steps: int
     start: int
     end: int
+    grid_steps: int
+    """The steps of the uniform grid whose times are trained: the student's in a round, the teacher's
+    ``start_steps`` in stage one and in consistency distillation."""
 
     @property
     def teacher_steps(self) -> int:
         """The step count of the teacher's grid the student learns from (twice the student's in a round)."""
-        return self.student_steps if self.kind == GUIDANCE_STAGE else 2 * self.student_steps
+        return 2 * self.student_steps if self.kind == ROUND else self.grid_steps
 
     @property
     def optimizer_steps(self) -> int:
         return self.end - self.start
 
+    @property
+    def student_name(self) -> str:
+        """The student's folder under ``students/``: its step count, or ``consistency`` (one student, several
+        counts)."""
+        return CONSISTENCY if self.kind == CONSISTENCY else str(self.student_steps)
+
     def describe(self) -> str:
         if self.kind == GUIDANCE_STAGE:
             return f"stage one: the teacher at {self.student_steps} steps, guidance in one pass per step"
+        if self.kind == CONSISTENCY:
+            return "consistency distillation"
         return f"round {self.teacher_steps} -> {self.student_steps} step{'s' if self.student_steps > 1 else ''}"
 
 
@@ -62,26 +80,30 @@ def check_teacher(teacher: ModelConfig, where: str) -> None:
 def plan(teacher: ModelConfig, config: Config) -> list[Phase]:
     """The phases of distilling ``teacher`` with ``config.distill`` (validated by :func:`ddim.config.validate`)."""
     d = config.distill
+    if d.method == CONSISTENCY:
+        return [Phase(CONSISTENCY, max(d.student_steps), 0, d.consistency_steps, d.start_steps)]
     phases, step = [], 0
     if needs_guidance_stage(teacher, config):
         if not d.first_stage_steps:
             raise ConfigError("distill.first_stage_steps is 0, but this teacher needs stage one (it is "
                               "class-conditional or predicts another target than distill.prediction)")
-        phases.append(Phase(GUIDANCE_STAGE, d.start_steps, step, step + d.first_stage_steps))
+        phases.append(Phase(GUIDANCE_STAGE, d.start_steps, step, step + d.first_stage_steps, d.start_steps))
         step += d.first_stage_steps
     steps = d.start_steps // 2
     while steps >= d.end_steps:
-        phases.append(Phase(ROUND, steps, step, step + d.round_steps))
+        phases.append(Phase(ROUND, steps, step, step + d.round_steps, steps))
         step += d.round_steps
         steps //= 2
     return phases
 
 
-def student_model(teacher: ModelConfig, config: Config, phase: Phase) -> ModelConfig:
-    """The student's model config in ``phase``: the teacher's network with the student's target, step count and,
-    for a class-conditional teacher, the guidance scale as an input over the distilled range."""
+def student_model(teacher: ModelConfig, config: Config, phase: Phase, teacher_name: str = "") -> ModelConfig:
+    """The student's model config in ``phase``: the teacher's network with the student's target, step counts and
+    sampler, its teacher's name (``teacher_name``, when given), and, for a class-conditional teacher, the guidance
+    scale as an input over the distilled range."""
     d = config.distill
     guided = teacher.class_conditional
+    consistency = phase.kind == CONSISTENCY
     # Without stage one the teacher already predicts distill.prediction (needs_guidance_stage).
     return dataclasses.replace(
         teacher,
@@ -89,10 +111,13 @@ def student_model(teacher: ModelConfig, config: Config, phase: Phase) -> ModelCo
         guidance_input=guided,
         guidance_range=(d.guidance_min, d.guidance_max) if guided else (),
         distilled_steps=phase.student_steps,
+        distilled_sampler=CONSISTENCY if consistency else "ddim",
+        distilled_step_counts=tuple(sorted(d.student_steps)) if consistency else (),
+        distilled_from=teacher_name,
     )
 
 
-def student_config(config: Config, phase: Phase) -> Config:
+def student_config(config: Config, phase: Phase, teacher_name: str = "") -> Config:
     """The config stored with the students of ``phase``: the run's (whose model is the teacher's), with the
     student's model."""
-    return dataclasses.replace(config, model=student_model(config.model, config, phase))
+    return dataclasses.replace(config, model=student_model(config.model, config, phase, teacher_name))

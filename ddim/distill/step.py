@@ -2,7 +2,8 @@
 
 The state is :class:`ddim.train.state.TrainState`, so a student's checkpoint is an ordinary checkpoint that every
 verb loads. Each phase starts a fresh state from its teacher's weights (:func:`create_student_state`) with a fresh
-Adam whose learning rate decays linearly to 0 over the phase, as the reference code does.
+Adam whose learning rate decays linearly to 0 over the phase, as the reference code does, and a weight average
+that warms up from the phase's start (so none of the previous phase's weights stay in it).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from flax import traverse_util
 from ddim import diffusion, parallel, runtime
 from ddim.config import Config, ConfigError, DistillConfig
 from ddim.distill import targets
-from ddim.distill.plan import GUIDANCE_STAGE, Phase
+from ddim.distill import targets_consistency as consistency
+from ddim.distill.plan import CONSISTENCY, GUIDANCE_STAGE, Phase
 from ddim.model import DiffusionModel, bind_denoiser, init_variables, normalize
-from ddim.train.state import TrainState, class_condition, to_float
+from ddim.train.state import TrainState, class_condition, to_float, update_ema
 
 
 def optimizer(settings: DistillConfig, steps: int) -> optax.GradientTransformation:
@@ -70,19 +72,23 @@ class StepSettings:
     teacher: DiffusionModel
     kind: str
     grid_steps: int
-    """The steps of the grid whose times are trained: the teacher's start_steps in stage one, the student's in a
-    round."""
+    """The steps of the grid whose times are trained (:attr:`ddim.distill.plan.Phase.grid_steps`)."""
     conditional: bool
     guidance_min: float
     guidance_max: float
+    guidance_focus: tuple[float, ...]
+    """Half of the scales drawn from this range (``distill.guidance_sampling = "focused"``); empty: uniform."""
     label_dropout: float
     ema_decay: float
+    phase_start: int
+    """The global step the phase starts at: the weight average warms up from there."""
 
     @classmethod
     def of(cls, student: DiffusionModel, teacher: DiffusionModel, config: Config, phase: Phase) -> "StepSettings":
         d = config.distill
-        return cls(student, teacher, phase.kind, phase.student_steps, student.config.class_conditional, d.guidance_min,
-                   d.guidance_max, d.label_dropout, d.ema_decay)
+        focus = tuple(d.guidance_focus) if d.guidance_sampling == "focused" else ()
+        return cls(student, teacher, phase.kind, phase.grid_steps, student.config.class_conditional, d.guidance_min,
+                   d.guidance_max, focus, d.label_dropout, d.ema_decay, phase.start)
 
 
 def distill_step(state: TrainState, teacher_variables, batch, rng, settings: StepSettings):
@@ -90,17 +96,19 @@ def distill_step(state: TrainState, teacher_variables, batch, rng, settings: Ste
 
     The batch's images are noised at a time of the phase's grid; the target is the teacher's guided prediction
     (stage one) or the image of its two DDIM steps (a round), both from :mod:`ddim.distill.targets`, and the loss
-    their truncated-SNR-weighted squared error. A class-conditional student gets each image's class (a
+    their truncated-SNR-weighted squared error; in consistency distillation the target is the student's own
+    consistency function (its weights without gradient) one teacher step further along the ODE
+    (:mod:`ddim.distill.targets_consistency`). A class-conditional student gets each image's class (a
     ``label_dropout`` share of them the null class) and a guidance scale drawn from the distilled range, and its
     teacher the same.
     """
     rng = jax.random.fold_in(rng, state.step)
     noise_rng, time_rng, guidance_rng, label_rng = jax.random.split(rng, 4)
-    student, teacher = settings.student, settings.teacher
+    teacher = settings.teacher
     images = normalize(teacher, teacher_variables, to_float(batch["image"]))
     batch_size = images.shape[0]
     index, times = targets.grid_times(time_rng, batch_size, settings.grid_steps)
-    schedule = student.objective.schedule
+    schedule = settings.student.objective.schedule
     noise_rates, signal_rates = schedule(times)
     noises = jax.random.normal(noise_rng, images.shape, jnp.float32)
     noisy = diffusion.add_noise(images, noises, noise_rates, signal_rates)
@@ -108,28 +116,37 @@ def distill_step(state: TrainState, teacher_variables, batch, rng, settings: Ste
     if settings.conditional:
         cond = class_condition(batch, label_rng, settings.label_dropout)
         cond["guidance"] = targets.guidance_scales(guidance_rng, batch_size, settings.guidance_min,
-                                                   settings.guidance_max)
+                                                   settings.guidance_max, settings.guidance_focus)
     teacher_denoise = bind_denoiser(teacher, teacher_variables)
 
     def teach(z, rates_noise, rates_signal):
         return teacher_denoise(z, rates_noise, rates_signal, cond)
 
-    if settings.kind == GUIDANCE_STAGE:
+    def student(params):
+        denoise = bind_denoiser(settings.student, {"params": params, "batch_stats": state.batch_stats})
+        return lambda z, rates_noise, rates_signal: denoise(z, rates_noise, rates_signal, cond)
+
+    if settings.kind == CONSISTENCY:
+        rates_s = consistency.previous_rates(schedule, index, settings.grid_steps)
+        z_s = consistency.teacher_ode_step(teach, noisy, (noise_rates, signal_rates), rates_s)
+        # The target network is the student's weights without gradient (Song & Dhariwal 2023; Lu & Song 2024).
+        target = consistency.consistency_function(student(state.params), z_s, *rates_s)
+    elif settings.kind == GUIDANCE_STAGE:
         _, target = teach(noisy, noise_rates, signal_rates)
     else:
         target = targets.progressive_target(teach, schedule, noisy, index, times, settings.grid_steps)
     target = jax.lax.stop_gradient(target)
 
     def loss_fn(params):
-        variables = {"params": params, "batch_stats": state.batch_stats}
-        _, predicted = student.apply(variables, noisy, noise_rates, signal_rates, False, cond,
-                                     method=DiffusionModel.denoise)
+        _, predicted = student(params)(noisy, noise_rates, signal_rates)  # a velocity student's: f(z_t, t)
+        if settings.kind == CONSISTENCY:
+            return consistency.consistency_loss(predicted, target)
         return targets.truncated_snr_loss(predicted, target, noise_rates, signal_rates)
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     new_state = state.apply_gradients(grads=grads)
-    rate = 1.0 - settings.ema_decay
-    new_state = new_state.replace(ema_params=optax.incremental_update(new_state.params, state.ema_params, rate))
+    # Warm-up from the phase's start: min(decay, (1 + n) / (10 + n)) after n steps of the phase.
+    new_state = update_ema(new_state, state.step - settings.phase_start, settings.ema_decay, warmup=True)
     return new_state, {"loss": loss}
 
 

@@ -256,21 +256,22 @@ class SampleGrid(PeriodicAction):
     Written as ``<workdir>/samples/step_NNNNNNN.png`` and to TensorBoard.
     """
 
-    def __init__(self, config: Config, model: DiffusionModel, rng, workdir: Path, is_writer: bool, steps=None):
+    def __init__(self, config: Config, model: DiffusionModel, rng, workdir: Path, is_writer: bool, spec=None):
+        from ddim.spec import SamplingSpec
+
         self.when = Every(epochs=config.train.eval_every, at_end=True)
         self.config, self.model, self.workdir, self.is_writer = config, model, workdir, is_writer
-        self.steps = steps or config.train.sample_steps  # a distilled student samples with its own step count
+        # A distilled student samples with its own steps and sampler.
+        self.spec = spec or SamplingSpec(steps=config.train.sample_steps)
         self.seed = int(jax.random.randint(rng, (), 0, 2**31 - 1))
 
     def run(self, info: StepInfo) -> Report:
         from ddim.sampling import generate_images
-        from ddim.spec import SamplingSpec
 
         t = self.config.train
         started = time.perf_counter()
         images = generate_images(
-            self.model, state_lib.ema_variables(info.state), t.grid_rows * t.grid_cols, SamplingSpec(steps=self.steps),
-            seed=self.seed,
+            self.model, state_lib.ema_variables(info.state), t.grid_rows * t.grid_cols, self.spec, seed=self.seed,
         )
         grid = make_grid(images, rows=t.grid_rows, cols=t.grid_cols)
         if not self.is_writer:  # it took part in the computation; process 0 writes
