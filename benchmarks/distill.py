@@ -2,16 +2,21 @@
 
 Run:  python benchmarks/distill.py --students runs/flowers32-distilled --teacher pretrained:flowers32 \
           --out /tmp/distill32 [--num 1000 5000] [--guidance 1 1.5 2 2.5] [--teacher-guidance 1.5]
-          [--teacher-num 1000] [--time]
+          [--teacher-num 1000] [--teacher-path 16 32 64] [--student-steps 8 4 2 1] [--clip] [--time]
 
 Every row is ``ddim eval``'s protocol (benchmarks/common.py: all real images at the model's size, the standard
 FID Inception, KID over all samples, class accuracy for a class-conditional model), with ``--num`` samples:
 
-- for every ``--student-steps`` N (8, 4, 2, 1), the teacher at N network passes: deterministic DDIM and
-  DPM-Solver++(2M) on the log-SNR grid, unguided (guidance 1, N steps of one pass) and guided at
-  ``--teacher-guidance`` (N/2 steps of two passes), and the student of ``<students>/students/<N>`` where it is
-  there yet: its N deterministic DDIM steps, one network pass each, at every ``--guidance`` scale (the first
-  ``--num``); the scale with the lowest FID there is then measured at the other ``--num`` too;
+- for every step count N of the students in ``<students>/students/`` (every phase's: stage one's, each round's,
+  or the one consistency student's counts; ``--student-steps`` picks some), the teacher at N network passes:
+  deterministic DDIM and DPM-Solver++(2M) on the log-SNR grid, unguided (guidance 1, N steps of one pass) and
+  guided at ``--teacher-guidance`` (N/2 steps of two passes), and the student: its N steps of one network pass
+  each (DDIM, or consistency sampling), at every ``--guidance`` scale (the first ``--num``); the scale with the
+  lowest FID there is then measured at the other ``--num`` too;
+- the path the students are taught: the teacher's guided DDIM steps on the uniform grid at ``--teacher-guidance``,
+  ``--teacher-path`` steps of two passes each (the first ``--num``);
+- with ``--clip``, every student at its best scale and the teacher's path again, each step's image prediction
+  clipped to the pixels' range (``SamplingSpec.clip``);
 - the teacher's defaults (a bundled model's best measured setting: for flowers32 20 steps of dpmpp-2m, guidance
   1.5, 40 passes), at every ``--teacher-num`` (default: ``--num``).
 
@@ -43,13 +48,25 @@ if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
 
 RESULTS = "distill.jsonl"
-STUDENT_STEPS = (8, 4, 2, 1)
 SOLVERS = (("ddim", "uniform"), ("dpmpp-2m", "logsnr"))
-KEYS = ("model", "passes", "steps", "sampler", "spacing", "guidance", "num")
+TEACHER_PATH = (16, 32, 64)
+KEYS = ("model", "passes", "steps", "sampler", "spacing", "guidance", "num", "clip")
 
 
 def key(row: dict) -> tuple:
-    return tuple(row[name] for name in KEYS)
+    return tuple(row.get(name, False) if name == "clip" else row[name] for name in KEYS)
+
+
+def find_students(root: Path) -> dict[int, Path]:
+    """The students of a ``ddim distill`` work directory by every step count they sample with."""
+    from ddim.distill.loop import STUDENTS
+    from ddim.workdir import Workdir
+
+    found = {}
+    for path in sorted((root / STUDENTS).glob("*")):
+        if Workdir(path).checkpoints.is_dir():
+            found.update({steps: path for steps in ddim.load(path).rules.step_counts})
+    return found
 
 
 def passes(spec) -> int:
@@ -61,10 +78,11 @@ def measure(label: str, source, spec, num: int, out: Path, done: dict, student: 
             feature_extractor_factory=None) -> dict:
 
     row = {"model": label, "passes": spec.steps if student else passes(spec), "steps": spec.steps,
-           "sampler": spec.sampler, "spacing": spec.spacing, "guidance": spec.guidance, "num": num}
+           "sampler": spec.sampler, "spacing": spec.spacing, "guidance": spec.guidance, "num": num, "clip": spec.clip}
     if key(row) in done:
         return done[key(row)]
-    log(f"{label}: {num} samples, {spec.steps} {spec.sampler}/{spec.spacing} steps, guidance {spec.guidance}")
+    log(f"{label}: {num} samples, {spec.steps} {spec.sampler}/{spec.spacing} steps, guidance {spec.guidance}"
+        + (", clipped" if spec.clip else ""))
     record = score_fid(source, spec, num, out, feature_extractor_factory=feature_extractor_factory)
     row.update(source=str(source), step=record["step"], fid=record["fid"], kid=record["kid_mean"],
                class_accuracy=record.get("class_accuracy"), ceiling=record.get("real_val_class_accuracy"),
@@ -105,7 +123,8 @@ def table(rows: list[dict]) -> str:
     for row in sorted(rows, key=lambda r: (r["passes"], r["model"] != "student", r["num"], r["fid"])):
         accuracy = f"{100 * row['class_accuracy']:.1f} %" if row.get("class_accuracy") is not None else ""
         seconds = f"{row['seconds_16']:.2f}" if row.get("seconds_16") is not None else ""
-        lines.append(f"| {row['model']} | {row['passes']} | {row['steps']} | {row['sampler']}/{row['spacing']} | "
+        sampler = f"{row['sampler']}/{row['spacing']}" + (" clipped" if row.get("clip") else "")
+        lines.append(f"| {row['model']} | {row['passes']} | {row['steps']} | {sampler} | "
                      f"{row['guidance'] if row['guidance'] is not None else 1:g} | {row['num']:,} | {row['fid']:.1f} | "
                      f"{row['kid']:.4f} | {accuracy} | {seconds} |")
     return "\n".join(lines)
@@ -124,10 +143,14 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
     parser.add_argument("--teacher-guidance", type=float, default=1.5, help="the teacher's guided rows' scale")
     parser.add_argument("--teacher-num", type=int, nargs="+", help="samples of the teacher's defaults (default: "
                         "--num; its 5,000 come from `ddim eval --pretrained NAME --num 5000 --split all` too)")
-    parser.add_argument("--student-steps", type=int, nargs="+", default=list(STUDENT_STEPS))
+    parser.add_argument("--student-steps", type=int, nargs="+", help="the students' step counts to score "
+                        "(default: every student there is)")
+    parser.add_argument("--teacher-path", type=int, nargs="*", default=list(TEACHER_PATH),
+                        help="step counts of the teacher's guided DDIM path to score")
+    parser.add_argument("--clip", action="store_true", help="also score the students at their best scale and the "
+                        "teacher's path with the image prediction clipped")
     parser.add_argument("--time", action="store_true", help="also time 16 images per row (on an idle machine)")
     args = parser.parse_args(argv)
-    from ddim.distill import students_dir
     from ddim.spec import SamplingSpec
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -138,8 +161,9 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
 
     first, *more = args.num
     teacher = ddim.load(args.teacher)
+    students = find_students(args.students)
     rows, sources = [], {}
-    for steps in args.student_steps:
+    for steps in args.student_steps or sorted(students, reverse=True):
         for sampler, spacing in SOLVERS:
             rows.append(score("teacher", args.teacher,
                               SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, guidance=1.0), first))
@@ -147,31 +171,37 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
                 guided = SamplingSpec(steps=steps // 2, sampler=sampler, spacing=spacing,
                                       guidance=args.teacher_guidance)
                 rows.append(score("teacher", args.teacher, guided, first))
-        source = students_dir(args.students, steps)
-        if not source.is_dir():
+        source = students.get(steps)
+        if source is None:
             log(f"no {steps}-step student in {args.students} (yet): only the teacher's rows")
             continue
-        sweep = [score("student", source, SamplingSpec(steps=steps, guidance=g), first, True) for g in args.guidance]
-        best = min(sweep, key=lambda row: row["fid"])
+        own = ddim.load(source).defaults.replace(steps=steps)  # its own sampler
+        sweep = [score("student", source, own.replace(guidance=g), first, True) for g in args.guidance]
+        best = own.replace(guidance=min(sweep, key=lambda row: row["fid"])["guidance"])
         rows += sweep
-        rows += [score("student", source, SamplingSpec(steps=steps, guidance=best["guidance"]), num, True)
-                 for num in more]
+        rows += [score("student", source, best, num, True) for num in more]
+        if args.clip:
+            rows.append(score("student", source, best.replace(clip=True), first, True))
         sources[("student", steps)] = source
+    for steps in args.teacher_path:
+        path = SamplingSpec(steps=steps, guidance=args.teacher_guidance)
+        rows += [score("teacher", args.teacher, spec, first) for spec in [path] + [path.replace(clip=True)] * args.clip]
     rows += [score("teacher", args.teacher, teacher.defaults, num) for num in args.teacher_num or args.num]
+    rows = list({key(row): row for row in rows}.values())  # a path row can be a row at some passes too
     if args.time:
         for row in rows:
             if row.get("seconds_16") is None:
                 source = sources.get(("student", row["steps"])) if row["model"] == "student" else args.teacher
                 spec = SamplingSpec(steps=row["steps"], sampler=row["sampler"], spacing=row["spacing"],
-                                    guidance=row["guidance"])
+                                    guidance=row["guidance"], clip=row.get("clip", False))
                 row["seconds_16"] = seconds_for_16(source, spec)
                 append_record(args.out / RESULTS, row)
     print(table(rows))
     print()
     for phase in training_cost(args.students):
-        student = f"{phase['student_steps']} step" + ("s" if phase["student_steps"] != 1 else "")
-        print(f"- {phase['phase']} {student}: {phase['steps']:,} optimiser steps, "
-              f"{phase['seconds'] / 60:.1f} min")
+        student = "" if phase["phase"] == "consistency" else \
+            f" {phase['student_steps']} step" + ("s" if phase["student_steps"] != 1 else "")
+        print(f"- {phase['phase']}{student}: {phase['steps']:,} optimiser steps, {phase['seconds'] / 60:.1f} min")
     return rows
 
 

@@ -13,8 +13,9 @@ import pytest
 from ddim.config import ConfigError
 from ddim.distill import plan as plan_lib
 from ddim.distill import targets
+from ddim.distill import targets_consistency as consistency
 from ddim.distill.step import StepSettings, create_student_state, distill_step, student_variables
-from ddim.model import DiffusionModel, init_variables
+from ddim.model import DiffusionModel, bind_denoiser, init_variables
 from ddim.objective import Objective
 from ddim.sampling import process
 from ddim.spec import SamplingRules, SamplingSpec, SpecError
@@ -23,15 +24,17 @@ from tests.conftest import REPO, run_once, tiny_config
 BATCH = 16
 
 
-def _teacher(*overrides):
-    """A tiny teacher with random weights (its zero-initialised head made non-zero): any fixed denoiser can be
-    distilled, and a random one gives targets that differ from step to step."""
+def _teacher(*overrides, scale=0.2):
+    """A tiny teacher with random weights (its zero-initialised head made non-zero, each weight moved by ``scale``
+    times a normal draw): any fixed denoiser can be distilled, and a random one gives targets that differ from step
+    to step."""
     config = tiny_config(*overrides)
     model = DiffusionModel(config.model)
     variables = jax.device_get(run_once(lambda key: init_variables(model, key), jax.random.key(1)))
     leaves, tree = jax.tree.flatten(variables["params"])
     keys = jax.random.split(jax.random.key(2), len(leaves))
-    params = jax.tree.unflatten(tree, [leaf + 0.2 * jax.random.normal(key, leaf.shape) for key, leaf in zip(keys, leaves)])
+    params = jax.tree.unflatten(tree, [leaf + scale * jax.random.normal(key, leaf.shape)
+                                       for key, leaf in zip(keys, leaves)])
     return config, model, {"params": params, "batch_stats": variables["batch_stats"]}
 
 
@@ -45,7 +48,7 @@ def _batches(seed=0, conditional=False):
         yield {"image": images, "label": labels}
 
 
-def _distil(teacher_model, teacher_variables, config, phase, steps, conditional=False):
+def _distil(teacher_model, teacher_variables, config, phase, steps, conditional=False, final_state=False):
     student = DiffusionModel(plan_lib.student_model(teacher_model.config, config, phase))
     state = create_student_state(student, teacher_variables, config, phase, jax.random.key(3))
     settings = StepSettings.of(student, teacher_model, config, phase)
@@ -53,11 +56,14 @@ def _distil(teacher_model, teacher_variables, config, phase, steps, conditional=
     batches = _batches(conditional=conditional)
     for _ in range(steps):
         state, _ = step(state, next(batches), jax.random.key(4))
+    if final_state:
+        return student, state
     return student, {"params": state.ema_params, "batch_stats": state.ema_batch_stats}
 
 
-def _sample(model, variables, steps, cond=None, count=32):
-    return np.asarray(process.generate(model, variables, jax.random.key(7), count, SamplingSpec(steps=steps), cond=cond))
+def _sample(model, variables, steps, cond=None, count=32, sampler="ddim"):
+    spec = SamplingSpec(steps=steps, sampler=sampler)
+    return np.asarray(process.generate(model, variables, jax.random.key(7), count, spec, cond=cond))
 
 
 # --- the maths ----------------------------------------------------------------------------------------------------
@@ -101,6 +107,57 @@ def test_image_prediction_target_converts_both_ways():
     np.testing.assert_allclose(pred_noises, noises, atol=1e-4)
 
 
+# --- consistency distillation's maths ---------------------------------------------------------------------------
+
+
+def test_a_velocity_student_is_the_consistency_parameterisation_and_returns_its_input_at_the_boundary():
+    """Song et al.'s c_skip x + c_out F with sigma_data 1 and boundary 0, in the EDM variables z / alpha and
+    sigma / alpha, is the image prediction of a velocity network (F = -v); at noise rate 0 it is the input."""
+    _, model, variables = _teacher("model.prediction=velocity")
+    denoise = bind_denoiser(model, variables)
+    z = jnp.asarray(np.random.default_rng(0).normal(size=(3, 16, 16, 3)), jnp.float32)
+    at_end = consistency.consistency_function(denoise, z, *consistency.boundary_rates(jnp.ones((3, 1, 1, 1))))
+    np.testing.assert_array_equal(at_end, z)  # exactly, whatever the network outputs
+    noise_rates, signal_rates = model.objective.schedule(jnp.full((3, 1, 1, 1), 0.3))
+    velocity = model.apply(variables, z, noise_rates**2, False, None,
+                           method=lambda module, *args: module.network(*args))
+    edm_sigma, edm_x = noise_rates / signal_rates, z / signal_rates
+    c_skip, c_out = 1 / (edm_sigma**2 + 1), edm_sigma / jnp.sqrt(1 + edm_sigma**2)
+    f = consistency.consistency_function(denoise, z, noise_rates, signal_rates)
+    np.testing.assert_allclose(f, c_skip * edm_x + c_out * -velocity, atol=1e-5)
+    assert float(jnp.mean(jnp.abs(f - z))) > 0.1  # elsewhere the network's output counts
+
+
+def test_the_teachers_ode_step_lands_on_the_previous_time_and_at_the_boundary_on_its_image():
+    objective = Objective()
+    index = jnp.array([1, 2, 4])
+    noise_rates, signal_rates = consistency.previous_rates(objective.schedule, index, 4)
+    expected = objective.schedule(jnp.array([0.0, 0.25, 0.75]).reshape(-1, 1, 1, 1))
+    np.testing.assert_array_equal(noise_rates[0], 0.0)
+    np.testing.assert_array_equal(signal_rates[0], 1.0)
+    np.testing.assert_allclose(noise_rates[1:], expected[0][1:])
+    np.testing.assert_allclose(signal_rates[1:], expected[1][1:])
+    x0 = jnp.linspace(-1.0, 1.0, 12).reshape(3, 1, 2, 2)  # all data one point per row: the exact denoiser
+
+    def teacher(z, sigma, alpha):
+        return (z - alpha * x0) / sigma, x0
+
+    z_t = 0.5 * x0 + 0.8 * jnp.ones_like(x0)
+    rates_t = (jnp.full((3, 1, 1, 1), 0.8), jnp.full((3, 1, 1, 1), 0.6))
+    z_s = consistency.teacher_ode_step(teacher, z_t, rates_t, (noise_rates, signal_rates))
+    np.testing.assert_allclose(z_s[0], x0[0])  # at the boundary: the teacher's image
+    np.testing.assert_allclose(z_s[1:], signal_rates[1:] * x0[1:] + noise_rates[1:] * (z_t[1:] - 0.6 * x0[1:]) / 0.8,
+                               rtol=1e-5)
+
+
+def test_focused_guidance_draws_put_half_of_the_scales_where_they_are_sampled():
+    uniform = np.asarray(targets.guidance_scales(jax.random.key(0), 20000, 0.0, 4.0))
+    focused = np.asarray(targets.guidance_scales(jax.random.key(0), 20000, 0.0, 4.0, (1.0, 2.0)))
+    assert uniform.min() >= 0 and uniform.max() <= 4 and focused.min() >= 0 and focused.max() <= 4
+    assert abs(np.mean((uniform >= 1) & (uniform <= 2)) - 0.25) < 0.02
+    assert abs(np.mean((focused >= 1) & (focused <= 2)) - (0.5 + 0.5 * 0.25)) < 0.02
+
+
 # --- the plan -----------------------------------------------------------------------------------------------------
 
 
@@ -119,12 +176,42 @@ def test_rounds_halve_the_steps_down_to_the_target():
     assert [p.kind for p in plan_lib.plan(unconditional, config)] == ["round"] * 3
 
 
+def test_consistency_distillation_is_one_phase_whose_student_samples_with_every_count():
+    teacher = tiny_config("model.class_conditional=true").model
+    config = tiny_config("distill.method=consistency", "distill.start_steps=16", "distill.consistency_steps=9",
+                         "distill.student_steps=[4, 1, 2]")
+    (phase,) = plan_lib.plan(teacher, config)
+    assert (phase.kind, phase.start, phase.end, phase.grid_steps, phase.student_name) == (
+        "consistency", 0, 9, 16, "consistency")
+    student = plan_lib.student_model(teacher, config, phase, "pretrained:teacher")
+    assert (student.distilled_steps, student.distilled_step_counts, student.distilled_sampler) == (
+        4, (1, 2, 4), "consistency")
+    assert (student.prediction, student.guidance_input, student.distilled_from) == (
+        "velocity", True, "pretrained:teacher")
+    rules = SamplingRules.of(student)
+    assert rules.defaults == SamplingSpec(steps=4, sampler="consistency") and rules.step_counts == (1, 2, 4)
+    assert rules.resolve(steps=1).steps == 1
+    with pytest.raises(SpecError, match="distilled for 1, 2, 4 steps"):
+        rules.resolve(steps=3)
+    with pytest.raises(SpecError, match="consistency sampling on the uniform grid"):
+        rules.resolve(sampler="ddim")
+    with pytest.raises(SpecError, match=r"use the diffusion model it was distilled from \(pretrained:teacher\)"):
+        rules.refuse_ode("invert images")
+    with pytest.raises(SpecError, match="for consistency students"):
+        SamplingRules.of(teacher).resolve(sampler="consistency")
+
+
 @pytest.mark.parametrize("overrides,message", [
     (("distill.start_steps=12", "distill.end_steps=4"), "not reachable by halving distill.start_steps \\(12\\); "
                                                         "reachable: 6, 3"),
     (("distill.start_steps=8", "distill.end_steps=8"), "not reachable by halving"),
     (("distill.prediction=noise",), "distill.prediction must be one of"),
     (("distill.guidance_min=3", "distill.guidance_max=2"), "guidance_min <= distill.guidance_max"),
+    (("distill.method=consistency", "distill.start_steps=6"), "must be different step counts that divide "
+                                                              "distill.start_steps \\(6: 1, 2, 3, 6\\)"),
+    (("distill.method=consistency", 'distill.prediction="image"'), "needs distill.prediction \"velocity\""),
+    (("distill.guidance_focus=[1, 5]",), "guidance_focus must be \\[lowest, highest\\] within"),
+    (("distill.method=bogus",), "distill.method must be one of"),
 ])
 def test_bad_distillation_settings_are_one_clear_error(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -140,16 +227,83 @@ def test_a_distilled_student_is_no_teacher():
 # --- the step on a tiny network ------------------------------------------------------------------------------------
 
 
-def test_student_starts_as_its_teacher_with_a_zero_guidance_embedding():
-    config, model, variables = _teacher("model.class_conditional=true", "model.num_classes=4",
-                                        "model.embedding_injection=every-block", "model.class_embedding=adm")
+CONDITIONAL = ("model.class_conditional=true", "model.num_classes=4", "model.embedding_injection=every-block",
+               "model.class_embedding=adm")
+
+
+def _noisy_with_classes(model, count=24, seed=5):
+    """Noisy images at times across the schedule, each with a class (a quarter the null class)."""
+    rng = np.random.default_rng(seed)
+    labels = (np.arange(count) % 5 - 1).astype(np.int32)  # -1 is the null class
+    times = jnp.asarray(rng.uniform(0.05, 1.0, count), jnp.float32).reshape(-1, 1, 1, 1)
+    noise_rates, signal_rates = model.objective.schedule(times)
+    images = jnp.asarray(next(_batches(9))["image"][:1].repeat(count, 0), jnp.float32) / 127.5 - 1
+    noisy = signal_rates * images + noise_rates * jnp.asarray(rng.normal(size=images.shape), jnp.float32)
+    return noisy, noise_rates, signal_rates, labels
+
+
+def _outputs(model, variables, noisy, noise_rates, signal_rates, labels, scale):
+    cond = {"label": labels, "guidance": np.full(len(labels), scale, np.float32)}
+    return np.asarray(bind_denoiser(model, variables)(noisy, noise_rates, signal_rates, cond)[0])
+
+
+def test_a_first_stage_student_outputs_its_velocity_teachers_prediction_at_initialisation():
+    """Teacher and student both predict velocity: the student, the teacher's weights plus a zero-initialised
+    guidance embedding, outputs the teacher's guided prediction at guidance 1 and its conditional prediction at
+    every other scale (what the zero embedding implies); stage one then learns the difference."""
+    config, teacher, variables = _teacher(*CONDITIONAL, "model.prediction=velocity")
     phase = plan_lib.plan(config.model, config)[0]
+    assert phase.kind == "guidance"
     student = DiffusionModel(plan_lib.student_model(config.model, config, phase))
-    merged = student_variables(student, variables, jax.random.key(0))
-    kernel = merged["params"]["network"]["guidance"]["project"]["kernel"]
-    assert not np.any(kernel)
-    np.testing.assert_array_equal(merged["params"]["network"]["stem"]["kernel"],
-                                  variables["params"]["network"]["stem"]["kernel"])
+    student_vars = student_variables(student, variables, jax.random.key(0))
+    inputs = _noisy_with_classes(teacher)
+    conditional = _outputs(teacher, variables, *inputs, 1.0)
+    for scale in (0.0, 1.0, 1.5, 4.0):
+        np.testing.assert_allclose(_outputs(student, student_vars, *inputs, scale), conditional, atol=2e-5,
+                                   err_msg=f"guidance {scale}")
+    guided = _outputs(teacher, variables, *inputs, 4.0)
+    assert np.mean(np.abs(guided - conditional)) > 0.1  # what stage one has to teach at guidance 4
+    # A noise teacher's weights read as velocity are another prediction altogether (why the teacher should
+    # predict velocity too).
+    noise_config, noise_teacher, noise_variables = _teacher(*CONDITIONAL)
+    noise_phase = plan_lib.plan(noise_config.model, noise_config)[0]
+    noise_student = DiffusionModel(plan_lib.student_model(noise_config.model, noise_config, noise_phase))
+    mismatch = _outputs(noise_student, student_variables(noise_student, noise_variables, jax.random.key(0)),
+                        *inputs, 1.0) - _outputs(noise_teacher, noise_variables, *inputs, 1.0)
+    assert np.mean(np.abs(mismatch)) > 0.1
+
+
+def test_the_weight_average_warms_up_at_a_phase_start_and_keeps_nothing_of_the_previous_phase():
+    """ema_decay 0.999 over 20 steps would keep 98 % of the phase's first weights (its teacher's); warmed up, the
+    average follows the student."""
+    config, teacher, variables = _teacher("model.prediction=velocity", "distill.start_steps=2", "distill.end_steps=1",
+                                          "distill.learning_rate=2e-3", f"distill.batch_size={BATCH}",
+                                          "distill.ema_decay=0.999")
+    (phase,) = plan_lib.plan(config.model, config)
+    _, state = _distil(teacher, variables, config, phase, steps=20, final_state=True)
+    start = jax.tree.leaves(variables["params"])
+    moved = sum(float(np.sum((np.asarray(p) - s) ** 2)) for p, s in zip(jax.tree.leaves(state.params), start))
+    lag = sum(float(np.sum((np.asarray(e) - np.asarray(p)) ** 2))
+              for e, p in zip(jax.tree.leaves(state.ema_params), jax.tree.leaves(state.params)))
+    assert moved > 0 and lag < 0.25 * moved, (lag, moved)
+
+
+def test_a_consistency_student_maps_noise_to_its_teachers_sample_in_one_step():
+    # A teacher of image-sized predictions (a wilder one sends its own ODE, and the targets, far from the data).
+    config, teacher, variables = _teacher("model.prediction=velocity", "distill.method=consistency",
+                                          "distill.start_steps=4", "distill.student_steps=[1, 2, 4]",
+                                          "distill.learning_rate=2e-3", f"distill.batch_size={BATCH}",
+                                          "distill.consistency_steps=150", scale=0.1)
+    (phase,) = plan_lib.plan(config.model, config)
+    student, student_vars = _distil(teacher, variables, config, phase, steps=150)
+    teacher_four = _sample(teacher, variables, 4)
+    teacher_one = _sample(teacher, variables, 1)
+    student_one = _sample(student, student_vars, 1, sampler="consistency")
+    distance = np.mean((student_one - teacher_four) ** 2)
+    baseline = np.mean((teacher_one - teacher_four) ** 2)  # also where the student started
+    assert distance < 0.5 * baseline, (distance, baseline)
+    two, four = (_sample(student, student_vars, k, sampler="consistency") for k in (2, 4))
+    assert not np.array_equal(two, student_one) and not np.array_equal(four, two)
 
 
 def test_student_of_n_steps_matches_the_teachers_2n_steps_better_than_the_teachers_n_steps():
@@ -224,16 +378,20 @@ def _ddim(*args, cwd=None):
                           cwd=cwd)
 
 
+# Stage one's scales drawn uniformly up to 4: its 3 steps move the zero-initialised guidance embedding enough that
+# the students' images tell scales apart.
+PROGRESSIVE = ["distill.start_steps=4", "distill.end_steps=1", "distill.first_stage_steps=3", "distill.round_steps=2",
+               "distill.batch_size=4", "train.eval_every=0", "train.checkpoint_every=2", "train.log_every=1",
+               'distill.guidance_sampling="uniform"']
+
+
 @pytest.fixture(scope="module")
 def distilled(conditional_workdir, tmp_path_factory):
     """The tiny class-conditional model distilled from 4 steps to 1 (stage one, then two rounds)."""
     from ddim.distill import distill
 
     out = tmp_path_factory.mktemp("distilled")
-    result = distill(conditional_workdir, out, overrides=[
-        "distill.start_steps=4", "distill.end_steps=1", "distill.first_stage_steps=3", "distill.round_steps=2",
-        "distill.batch_size=4", "train.eval_every=0", "train.checkpoint_every=2", "train.log_every=1"],
-        log=lambda message: None)
+    result = distill(conditional_workdir, out, overrides=PROGRESSIVE, log=lambda message: None)
     return out, result
 
 
@@ -256,6 +414,10 @@ def test_distill_writes_a_student_per_round_that_loads_and_samples_on_its_own_gr
         pipe.generate(3, steps=4)
     records = [json.loads(line) for line in (out / "distill.jsonl").read_text().splitlines()]
     assert records[0]["teacher"].endswith("run") and {r.get("student_steps") for r in records[1:]} == {4, 2, 1}
+    # What a student cannot do names the diffusion model it was distilled from.
+    assert pipe.config.model.distilled_from == records[0]["teacher"]
+    with pytest.raises(SpecError, match=f"distilled from \\({records[0]['teacher']}\\)"):
+        pipe.invert(images)
 
 
 def test_distill_again_has_nothing_to_do_and_a_changed_setting_is_refused(distilled, conditional_workdir):
@@ -263,9 +425,7 @@ def test_distill_again_has_nothing_to_do_and_a_changed_setting_is_refused(distil
     from ddim.train import TrainingError
 
     out, _ = distilled
-    settings = ["distill.start_steps=4", "distill.end_steps=1", "distill.first_stage_steps=3",
-                "distill.round_steps=2", "distill.batch_size=4", "train.eval_every=0", "train.checkpoint_every=2",
-                "train.log_every=1"]
+    settings = PROGRESSIVE
     lines = []
     again = distill(conditional_workdir, out, overrides=settings, log=lines.append)
     assert (again.start_step, again.final_step) == (7, 7) and "nothing to do" in lines[-1]
@@ -289,6 +449,128 @@ def test_distill_command_errors_are_one_line(distilled, conditional_workdir, tmp
         lines = result.stderr.strip().splitlines()
         assert lines[-1].startswith("error:") and message in lines[-1], result.stderr
         assert "Traceback" not in result.stderr
+
+
+CONSISTENCY = ["distill.method=consistency", "distill.start_steps=4", "distill.student_steps=[1, 2, 4]",
+               "distill.consistency_steps=3", "distill.batch_size=4", "train.eval_every=1", "train.checkpoint_every=2",
+               "train.log_every=1", "train.grid_rows=1", "train.grid_cols=2"]
+
+
+@pytest.fixture(scope="module")
+def consistency_student(conditional_workdir, tmp_path_factory):
+    """The tiny class-conditional model distilled into one consistency student of 1, 2 and 4 steps."""
+    from ddim.distill import distill
+
+    out = tmp_path_factory.mktemp("consistency")
+    lines = []
+    result = distill(conditional_workdir, out, overrides=CONSISTENCY, log=lines.append)
+    return out, result, lines
+
+
+def test_consistency_distillation_writes_one_student_that_samples_in_1_2_and_4_steps(consistency_student,
+                                                                                      conditional_workdir):
+    import ddim
+
+    out, result, lines = consistency_student
+    student = out / "students" / "consistency"
+    assert (result.start_step, result.final_step, result.interrupted) == (0, 3, False)
+    assert result.students == {1: student, 2: student, 4: student}
+    assert any("warning: the teacher predicts noise" in line for line in lines)
+    assert sorted(path.name for path in (out / "samples").glob("*.png"))  # the grids, with its own sampler
+    pipe = ddim.load(student)
+    model = pipe.config.model
+    assert (model.distilled_steps, model.distilled_step_counts, model.distilled_sampler, model.prediction) == (
+        4, (1, 2, 4), "consistency", "velocity")
+    assert pipe.defaults == SamplingSpec(steps=4, sampler="consistency")
+    images = {steps: pipe.generate(3, steps=steps, seed=0, classes="daisy", guidance=1.5) for steps in (1, 2, 4)}
+    assert all(batch.shape == (3, 16, 16, 3) for batch in images.values())
+    assert np.array_equal(images[2], pipe.generate(3, steps=2, seed=0, classes="daisy", guidance=1.5))
+    assert not np.array_equal(images[1], images[2]) and not np.array_equal(images[2], images[4])
+    with pytest.raises(SpecError, match="distilled for 1, 2, 4 steps"):
+        pipe.generate(3, steps=3)
+    with pytest.raises(SpecError, match="for consistency sampling on the uniform grid"):
+        pipe.generate(3, steps=2, sampler="ddim")
+    with pytest.raises(SpecError, match=f"distilled from \\({conditional_workdir.absolute()}\\)"):
+        pipe.invert(images[1])
+
+
+def test_a_consistency_student_round_trips_through_its_checkpoint(consistency_student):
+    """students/consistency holds the run's last state, and samples what those weights sample."""
+    import ddim
+    from ddim.checkpoint import Checkpointer, load_ema
+
+    out, result, _ = consistency_student
+    checkpointer = Checkpointer(out / "checkpoints")
+    state = checkpointer.restore_state(result.final_step)
+    checkpointer.close()
+    loaded = load_ema(out / "students" / "consistency")
+    assert loaded.step == result.final_step
+    jax.tree.map(np.testing.assert_array_equal, loaded.variables["params"], state["ema_params"])
+    pipe = ddim.load(out / "students" / "consistency")
+    spec = SamplingSpec(steps=2, sampler="consistency", guidance=2.0)
+    cond = {"label": np.zeros(3, np.int32), "guidance": np.full(3, 2.0, np.float32)}
+    direct = process.generate(pipe.model, {"params": state["ema_params"], "batch_stats": state["ema_batch_stats"]},
+                              jax.random.key(1), 3, spec, cond=cond)
+    again = process.generate(pipe.model, pipe.variables, jax.random.key(1), 3, spec, cond=cond)
+    np.testing.assert_array_equal(np.asarray(direct), np.asarray(again))
+
+
+def test_consistency_command_errors_are_one_line(consistency_student, conditional_workdir, tmp_path):
+    out, _, _ = consistency_student
+    student = out / "students" / "consistency"
+    cases = [
+        (["distill", "--workdir", conditional_workdir, "--out", tmp_path / "a", "--method", "bogus"],
+         "--method must be one of progressive, consistency"),
+        (["distill", "--workdir", conditional_workdir, "--out", tmp_path / "b", "--method", "consistency", "--set",
+          "distill.start_steps=4", "--set", "distill.student_steps=[1, 3]"], "must be different step counts that divide"),
+        (["sample", "--workdir", student, "--steps", "3", "--out", tmp_path / "c"], "distilled for --steps 1, 2, 4 only"),
+        (["sample", "--workdir", conditional_workdir, "--sampler", "consistency", "--out", tmp_path / "d"],
+         "--sampler consistency is for consistency students"),
+    ]
+    for args, message in cases:
+        result = _ddim(*args, cwd=REPO)
+        assert result.returncode != 0
+        lines = result.stderr.strip().splitlines()
+        assert lines[-1].startswith("error:") and message in lines[-1], result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "b").exists()  # refused before anything is written
+
+
+@pytest.mark.slow
+def test_a_stopped_consistency_distillation_resumes_to_the_same_student(conditional_workdir, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from ddim.checkpoint import load_ema
+    from ddim.distill import distill, loop
+
+    settings = [*CONSISTENCY[:3], "distill.consistency_steps=5", "distill.batch_size=4", "train.eval_every=0",
+                "train.checkpoint_every=100"]
+    distill(conditional_workdir, tmp_path / "straight", overrides=settings, log=lambda m: None)
+    real, calls = loop.compiled_step, {"n": 0}
+
+    def stopping(settings_, mesh):
+        step = real(settings_, mesh)
+
+        def wrapped(*args):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step(*args)
+
+        return wrapped
+
+    monkeypatch.setattr(loop, "compiled_step", stopping)
+    stopped = distill(conditional_workdir, tmp_path / "resumed", overrides=settings, log=lambda m: None)
+    assert stopped.interrupted and stopped.final_step == 3 and not stopped.students
+    monkeypatch.undo()
+    resumed = distill(conditional_workdir, tmp_path / "resumed", overrides=settings, log=lambda m: None)
+    assert (resumed.start_step, resumed.final_step, sorted(resumed.students)) == (3, 5, [1, 2, 4])
+
+    def final(root):
+        return load_ema(root / "students" / "consistency").variables["params"]
+
+    jax.tree.map(np.testing.assert_array_equal, final(tmp_path / "straight"), final(tmp_path / "resumed"))
 
 
 @pytest.mark.slow
@@ -339,18 +621,37 @@ def test_the_distillation_benchmark_scores_students_beside_their_teacher_once(di
     bench = load_benchmark("distill")
     out, _ = distilled
     args = ["--students", str(out), "--teacher", str(conditional_workdir), "--out", str(tmp_path), "--num", "4",
-            "--guidance", "1", "2", "--student-steps", "2"]
+            "--guidance", "1", "2", "--student-steps", "2", "--teacher-path", "2"]
     rows = bench.main(args, feature_extractor_factory=tiny_extractor)
     students = [row for row in rows if row["model"] == "student"]
     assert {(row["steps"], row["guidance"], row["passes"]) for row in students} == {(2, 1.0, 2), (2, 2.0, 2)}
     teacher = {(row["passes"], row["steps"], row["sampler"], row["guidance"]) for row in rows
                if row["model"] == "teacher"}
     assert teacher == {(2, 2, "ddim", 1.0), (2, 1, "ddim", 1.5), (2, 2, "dpmpp-2m", 1.0), (2, 1, "dpmpp-2m", 1.5),
-                       (20, 20, "ddim", None)}  # at the student's passes, then the teacher's own defaults
+                       (4, 2, "ddim", 1.5), (20, 20, "ddim", None)}  # at the student's passes, its path, its defaults
     assert "| student | 2 | 2 | ddim/uniform |" in capsys.readouterr().out
     again = bench.main(args, feature_extractor_factory=tiny_extractor)  # nothing left to score
     assert len(again) == len(rows)
     assert len((tmp_path / "distill.jsonl").read_text().splitlines()) == len(rows)
+    assert set(bench.find_students(out)) == {1, 2, 4}  # stage one's student (4 steps) and each round's
+
+
+def test_the_distillation_benchmark_scores_a_consistency_student_and_clipped_sampling(consistency_student,
+                                                                                     conditional_workdir, tmp_path,
+                                                                                     capsys):
+    from tests.test_bench import load_benchmark
+    from tests.test_evaluation import tiny_extractor
+
+    bench = load_benchmark("distill")
+    out, _, _ = consistency_student
+    args = ["--students", str(out), "--teacher", str(conditional_workdir), "--out", str(tmp_path), "--num", "4",
+            "--guidance", "1.5", "--student-steps", "1", "--teacher-path", "--teacher-num", "4", "--clip"]
+    rows = bench.main(args, feature_extractor_factory=tiny_extractor)
+    students = {(row["steps"], row["sampler"], row["clip"]) for row in rows if row["model"] == "student"}
+    assert students == {(1, "consistency", False), (1, "consistency", True)}
+    printed = capsys.readouterr().out
+    assert "| student | 1 | 1 | consistency/uniform clipped |" in printed
+    assert "- consistency: 3 optimiser steps" in printed
 
 
 def test_the_web_page_takes_a_student_at_its_own_steps(distilled):
