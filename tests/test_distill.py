@@ -378,6 +378,16 @@ def _ddim(*args, cwd=None):
                           cwd=cwd)
 
 
+def _each_one_error_line(cases):
+    """Every ``(args, message)`` command fails with one ``error:`` line holding ``message``, no traceback."""
+    for args, message in cases:
+        result = _ddim(*args, cwd=REPO)
+        assert result.returncode != 0
+        lines = result.stderr.strip().splitlines()
+        assert lines[-1].startswith("error:") and message in lines[-1], result.stderr
+        assert "Traceback" not in result.stderr
+
+
 # Stage one's scales drawn uniformly up to 4: its 3 steps move the zero-initialised guidance embedding enough that
 # the students' images tell scales apart.
 PROGRESSIVE = ["distill.start_steps=4", "distill.end_steps=1", "distill.first_stage_steps=3", "distill.round_steps=2",
@@ -443,12 +453,7 @@ def test_distill_command_errors_are_one_line(distilled, conditional_workdir, tmp
         (["sample", "--workdir", out / "students" / "1", "--steps", "2", "--out", tmp_path / "d"],
          "distilled for --steps 1 only"),
     ]
-    for args, message in cases:
-        result = _ddim(*args, cwd=REPO)
-        assert result.returncode != 0
-        lines = result.stderr.strip().splitlines()
-        assert lines[-1].startswith("error:") and message in lines[-1], result.stderr
-        assert "Traceback" not in result.stderr
+    _each_one_error_line(cases)
 
 
 CONSISTENCY = ["distill.method=consistency", "distill.start_steps=4", "distill.student_steps=[1, 2, 4]",
@@ -527,26 +532,17 @@ def test_consistency_command_errors_are_one_line(consistency_student, conditiona
         (["sample", "--workdir", conditional_workdir, "--sampler", "consistency", "--out", tmp_path / "d"],
          "--sampler consistency is for consistency students"),
     ]
-    for args, message in cases:
-        result = _ddim(*args, cwd=REPO)
-        assert result.returncode != 0
-        lines = result.stderr.strip().splitlines()
-        assert lines[-1].startswith("error:") and message in lines[-1], result.stderr
-        assert "Traceback" not in result.stderr
+    _each_one_error_line(cases)
     assert not (tmp_path / "b").exists()  # refused before anything is written
 
 
-@pytest.mark.slow
-def test_a_stopped_consistency_distillation_resumes_to_the_same_student(conditional_workdir, tmp_path, monkeypatch):
+def _stop_at_call(monkeypatch, count: int) -> None:
+    """SIGTERM (as a stop request) in the ``count``-th distillation step of the next run."""
     import os
     import signal
 
-    from ddim.checkpoint import load_ema
-    from ddim.distill import distill, loop
+    from ddim.distill import loop
 
-    settings = [*CONSISTENCY[:3], "distill.consistency_steps=5", "distill.batch_size=4", "train.eval_every=0",
-                "train.checkpoint_every=100"]
-    distill(conditional_workdir, tmp_path / "straight", overrides=settings, log=lambda m: None)
     real, calls = loop.compiled_step, {"n": 0}
 
     def stopping(settings_, mesh):
@@ -554,13 +550,24 @@ def test_a_stopped_consistency_distillation_resumes_to_the_same_student(conditio
 
         def wrapped(*args):
             calls["n"] += 1
-            if calls["n"] == 3:
+            if calls["n"] == count:
                 os.kill(os.getpid(), signal.SIGTERM)
             return step(*args)
 
         return wrapped
 
     monkeypatch.setattr(loop, "compiled_step", stopping)
+
+
+@pytest.mark.slow
+def test_a_stopped_consistency_distillation_resumes_to_the_same_student(conditional_workdir, tmp_path, monkeypatch):
+    from ddim.checkpoint import load_ema
+    from ddim.distill import distill
+
+    settings = [*CONSISTENCY[:3], "distill.consistency_steps=5", "distill.batch_size=4", "train.eval_every=0",
+                "train.checkpoint_every=100"]
+    distill(conditional_workdir, tmp_path / "straight", overrides=settings, log=lambda m: None)
+    _stop_at_call(monkeypatch, 3)
     stopped = distill(conditional_workdir, tmp_path / "resumed", overrides=settings, log=lambda m: None)
     assert stopped.interrupted and stopped.final_step == 3 and not stopped.students
     monkeypatch.undo()
@@ -575,29 +582,13 @@ def test_a_stopped_consistency_distillation_resumes_to_the_same_student(conditio
 
 @pytest.mark.slow
 def test_a_stopped_distillation_resumes_to_the_same_students(conditional_workdir, tmp_path, monkeypatch):
-    import os
-    import signal
-
     from ddim.checkpoint import Checkpointer
-    from ddim.distill import distill, loop
+    from ddim.distill import distill
 
     settings = ["distill.start_steps=2", "distill.end_steps=1", "distill.first_stage_steps=3",
                 "distill.round_steps=3", "distill.batch_size=4", "train.eval_every=0", "train.checkpoint_every=100"]
     distill(conditional_workdir, tmp_path / "straight", overrides=settings, log=lambda m: None)
-    real, calls = loop.compiled_step, {"n": 0}
-
-    def stopping(settings_, mesh):
-        step = real(settings_, mesh)
-
-        def wrapped(*args):
-            calls["n"] += 1
-            if calls["n"] == 4:  # the first step of the round: stage one's student is out, the round is not
-                os.kill(os.getpid(), signal.SIGTERM)
-            return step(*args)
-
-        return wrapped
-
-    monkeypatch.setattr(loop, "compiled_step", stopping)
+    _stop_at_call(monkeypatch, 4)  # the first step of the round: stage one's student is out, the round is not
     stopped = distill(conditional_workdir, tmp_path / "resumed", overrides=settings, log=lambda m: None)
     assert stopped.interrupted and stopped.final_step == 4 and sorted(stopped.students) == [2]
     monkeypatch.undo()
