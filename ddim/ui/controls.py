@@ -47,7 +47,9 @@ def sampler_controls(tab: str, limit: int, stochastic: bool = True, workbench: W
         fixed = rules.distilled
     steps = steps_slider(tab, limit, defaults.steps, fixed)
     with gr.Row():
-        sampler = gr.Dropdown(list(SAMPLERS), value=defaults.sampler, label="sampler", info=SAMPLER_INFO,
+        # The consistency sampler is a consistency student's only one, and no diffusion model's.
+        choices = [name for name, kind in SAMPLERS.items() if kind.consistency == SAMPLERS[defaults.sampler].consistency]
+        sampler = gr.Dropdown(choices, value=defaults.sampler, label="sampler", info=SAMPLER_INFO,
                               elem_id=f"{tab}-sampler", visible=stochastic, interactive=not fixed)
         spacing = gr.Dropdown(list(SPACINGS), value=defaults.spacing, label="spacing", info=SPACING_INFO,
                               elem_id=f"{tab}-spacing", interactive=not fixed)
