@@ -312,7 +312,7 @@ def facts(manifest) -> list[tuple[str, str]]:
     for label in ("guidance", "advice"):
         if record.get(label):
             rows.append(("best guidance" if label == "guidance" else "sampler advice", record[label]))
-    rows.append(("weights", f"{_megabytes(manifest.bytes)}, sha256 {manifest.sha256}"))
+    rows.append(("weights", f"{_megabytes(manifest.bytes)} in {manifest.weights_dtype}, sha256 {manifest.sha256}"))
     return rows
 
 
