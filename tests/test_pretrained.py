@@ -154,7 +154,7 @@ def test_bad_bundles_and_exports_are_one_line_errors(bundles, trained_workdir, t
     manifest_file = root / NAME / "model.json"
     values = json.loads(manifest_file.read_text())
     manifest_file.write_text(json.dumps({**values, "format": 99}))
-    with pytest.raises(PretrainedError, match="not a bundled-model manifest of format 1"):
+    with pytest.raises(PretrainedError, match=r"not a bundled-model manifest of format 1 or 2 \(format 99\)"):
         find(NAME, root)
     manifest_file.write_text(json.dumps({**values, "name": "other"}))
     with pytest.raises(PretrainedError, match="names the model 'other'"):
@@ -174,6 +174,87 @@ def test_bad_bundles_and_exports_are_one_line_errors(bundles, trained_workdir, t
     assert not (tmp_path / "small" / "big").exists()
     with pytest.raises(InputError, match="a bundled model has one step"):
         ddim.load(f"pretrained:{NAME}", step=4)
+
+
+def test_weights_stored_in_float16_take_half_the_bytes_and_load_as_float32(trained_workdir, bundles, tmp_path,
+                                                                          monkeypatch):
+    from safetensors.numpy import load
+
+    half = export_checkpoint(trained_workdir, NAME, root=tmp_path / "half", hardware="a 2-core CPU",
+                             recipe="smoke + tests' TINY", weights_dtype="float16")
+    exact = read_manifest(bundles / NAME)
+    data = half.weights.read_bytes()
+    stored = load(data)
+    assert {array.dtype for array in stored.values()} == {np.dtype("float16")}  # the file holds float16
+    assert half.weights_dtype == "float16" and exact.weights_dtype == "float32"
+    assert half.sha256 == hashlib.sha256(data).hexdigest() != exact.sha256 and half.bytes == len(data)
+    assert half.bytes < 0.55 * exact.bytes and half.parameters == exact.parameters
+    assert half.record == {**exact.record, "exported": half.record["exported"]}
+    monkeypatch.setenv(ENV, str(tmp_path / "half"))
+    pipe = ddim.load(f"pretrained:{NAME}")
+    exact_values = load(exact.weights.read_bytes())
+    flat = {"/".join(path): leaf for path, leaf in _flat(pipe.variables)}
+    assert set(flat) == set(exact_values)
+    for key, value in flat.items():  # float32 arrays for the network, the float16 rounding of the exact weights
+        assert np.asarray(value).dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(value), exact_values[key].astype(np.float16).astype(np.float32))
+    assert pipe.generate(2, steps=2, seed=0).shape == (2, 16, 16, 3)
+
+    damaged = bytearray(data)
+    damaged[-2] ^= 1
+    half.weights.write_bytes(bytes(damaged))
+    with pytest.raises(PretrainedError, match="do not match their SHA-256"):
+        ddim.load(f"pretrained:{NAME}")
+
+
+def _flat(variables):
+    from flax import traverse_util
+
+    return traverse_util.flatten_dict(variables).items()
+
+
+def test_a_bundle_is_stored_again_in_float16_with_its_config_and_record(bundles, tmp_path):
+    from ddim.pretrained.bundle import store_as
+
+    exact = read_manifest(bundles / NAME)
+    half = store_as(exact, "float16", tmp_path)
+    assert half.directory == tmp_path / NAME and half.weights_dtype == "float16"
+    assert half.record == exact.record and half.config == exact.config
+    assert half.sha256 == hashlib.sha256(half.weights.read_bytes()).hexdigest()
+    again = store_as(half, "float16")  # in place: the same values, the same file
+    assert again.sha256 == half.sha256 and again.directory == half.directory
+    with pytest.raises(PretrainedError, match="float32 or float16, not 'float64'"):
+        store_as(exact, "float64", tmp_path / "other")
+
+
+def test_float16_refuses_weights_beyond_its_range(bundles, tmp_path):
+    from ddim.pretrained.bundle import write_bundle
+
+    exact = read_manifest(bundles / NAME)
+    variables = {"params": {"dense": {"kernel": np.array([1.0, 1e5], np.float32)}}}
+    with pytest.raises(PretrainedError, match="beyond the range of float16"):
+        write_bundle(tmp_path, "big", exact.config, variables, {}, weights_dtype="float16")
+    assert not (tmp_path / "big").exists()
+
+
+def test_bundles_of_format_1_still_load_as_float32(bundles, trained_workdir, tmp_path, monkeypatch):
+    """A manifest written before float16 storage (format 1, no weights_dtype) is read as the float32 bundle it is."""
+    root = copy_bundles(bundles, tmp_path)
+    manifest_file = root / NAME / "model.json"
+    values = json.loads(manifest_file.read_text())
+    assert values["format"] == 2 and values["weights_dtype"] == "float32"
+    old = {key: value for key, value in values.items() if key != "weights_dtype"}
+    manifest_file.write_text(json.dumps({**old, "format": 1}))
+    assert find(NAME, root).weights_dtype == "float32"
+    monkeypatch.setenv(ENV, str(root))
+    np.testing.assert_array_equal(ddim.load(f"pretrained:{NAME}").generate(2, steps=2, seed=1),
+                                  ddim.load(trained_workdir).generate(2, steps=2, seed=1))
+    manifest_file.write_text(json.dumps({**values, "weights_dtype": "int8"}))
+    with pytest.raises(PretrainedError, match="weights_dtype 'int8' is not one of float32, float16"):
+        find(NAME, root)
+    manifest_file.write_text(json.dumps(old))  # format 2 must name its dtype
+    with pytest.raises(PretrainedError, match="lacks the field 'weights_dtype'"):
+        find(NAME, root)
 
 
 def test_the_registry_scans_a_directory_of_exported_models(bundles, tmp_path, monkeypatch):
@@ -355,8 +436,8 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
     assert record["steps"] > 0 and record["images_seen"] == record["steps"] * record["batch_size"]
     assert record["hardware"], "a shipped model says what it was trained on"
     assert [score for score in record["scores"] if score["fid"] is not None], "a shipped model has its FID"
-    assert record["recipe"].startswith(("ddim train ", "ddim distill ")) and record["wall_time"], \
-        "and says how to train it again"
+    assert record["recipe"].startswith(("ddim train ", "ddim distill ", "python benchmarks/rebuild.py ")) \
+        and record["wall_time"], "and says how to train it again"
     pipe = ddim.load(f"pretrained:{name}")
     # A distilled student samples with its own step count only; a diffusion model with any.
     images = pipe.generate(2, steps=manifest.config.model.distilled_steps or 2, seed=0)

@@ -97,6 +97,9 @@ def export(
                                              "model trained on a copy of a dataset, the dataset itself; classes "
                                              "are matched by name)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing bundle of that name."),
+    weights_dtype: str = typer.Option("float32", "--weights-dtype", help="How the weights are stored: 'float32' "
+                                      "(exact) or 'float16' (half the bytes, read back as float32; check that "
+                                      "the FID is unchanged)."),
 ):
     """Bundle a checkpoint's EMA weights, config and training record as a model shipped with ddim."""
     from ddim.config import load_config
@@ -107,7 +110,7 @@ def export(
         manifest = export_checkpoint(
             checkpoint, name, root=out, fid=fid, fid_protocol=fid_protocol, eval_file=eval_file,
             hardware=hardware, recipe=recipe, real_data=data, overwrite=overwrite,
-            warn=lambda line: typer.echo(line, err=True),
+            warn=lambda line: typer.echo(line, err=True), weights_dtype=weights_dtype,
         )
     if manifest.record.get("fid") is None:
         typer.echo(f"warning: no FID recorded: none measured at step {manifest.record['steps']} (run ddim eval on "

@@ -1,7 +1,8 @@
 """A checkpoint -> a bundled model: its EMA weights, config and training record (``ddim pretrained export``).
 
 The weights are exactly the checkpoint's (float32, the variables
-:func:`ddim.checkpoint.load_ema` gives), so the bundle samples the same pixels.
+:func:`ddim.checkpoint.load_ema` gives), so the bundle samples the same pixels;
+or rounded to float16 (``weights_dtype``), half the bytes.
 Paths of the training machine (the TFDS and cache directories, the KID
 weights; a fine-tune's source path is cut to its last two parts) are cleared from the stored config: they mean nothing elsewhere. A model
 trained on a copy of a dataset (a folder exported from TFDS on a machine without
@@ -46,6 +47,7 @@ def export_checkpoint(
     real_data: DataConfig | None = None,
     overwrite: bool = False,
     warn: Callable[[str], None] | None = None,
+    weights_dtype: str = "float32",
 ) -> Manifest:
     """Bundle the newest intact checkpoint of ``checkpoint`` (a work directory or a step directory) as ``root/name``.
 
@@ -57,6 +59,7 @@ def export_checkpoint(
     ``real_data``: the data section the bundle keeps (what ``ddim eval`` of it
     scores against; class ids are matched by name) instead of the checkpoint's;
     the checkpoint's data are then recorded as ``trained_on_data``.
+    ``weights_dtype``: ``"float32"`` (exact) or ``"float16"`` (half the bytes; measure the FID of both first).
     """
     check_name(name)
     measured = given_fid(fid, fid_protocol) if fid is not None else None
@@ -70,4 +73,4 @@ def export_checkpoint(
         record["trained_on_data"] = ({"image_dir": trained_on.image_dir} if trained_on.image_dir else
                                      {"dataset": trained_on.dataset, "train_split": trained_on.train_split})
     return write_bundle(root if root is not None else bundled_root(), name, portable_config(loaded.config, real_data),
-                        loaded.variables, record, overwrite=overwrite)
+                        loaded.variables, record, overwrite=overwrite, weights_dtype=weights_dtype)

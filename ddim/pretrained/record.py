@@ -344,7 +344,7 @@ def facts(manifest) -> list[tuple[str, str | list[str]]]:
     for label in ("guidance", "advice"):
         if record.get(label):
             rows.append(("best guidance" if label == "guidance" else "sampler advice", record[label]))
-    rows.append(("weights", f"{_megabytes(manifest.bytes)}, sha256 {manifest.sha256}"))
+    rows.append(("weights", f"{_megabytes(manifest.bytes)} in {manifest.weights_dtype}, sha256 {manifest.sha256}"))
     if record.get("scores"):
         rows.append(("figures", [_score_line(manifest.name, score, defaults, model.class_conditional)
                                  for score in record["scores"]]))

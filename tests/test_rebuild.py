@@ -1,0 +1,223 @@
+"""benchmarks/rebuild.py: a bundled model rebuilt from its recipe, stage by stage, resumed and skipped.
+
+The smoke rebuild runs the flowers64 recipe's whole chain on a tiny model (TFDS mock data exported to a folder,
+a few training and distillation steps, a few samples scored by the tiny random network in place of the FID
+Inception); the other tests use recipes written here, of cheap commands.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, mock_flowers
+from tests.test_docs import parse_command
+from tests.test_evaluation import tiny_extractor
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import rebuild  # noqa: E402
+
+
+@pytest.fixture
+def tiny_standard_network(monkeypatch):
+    """``ddim eval``'s standard FID network replaced by the tiny random one (no weights needed)."""
+    from ddim.evaluation import fid_inception
+
+    monkeypatch.setattr(fid_inception, "standard_factory", lambda *args, **kwargs: tiny_extractor)
+
+
+def one_error_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def test_the_smoke_rebuild_runs_the_whole_chain_then_skips_every_stage(tmp_path, tiny_standard_network, capsys,
+                                                                       monkeypatch):
+    monkeypatch.delenv("DDIM_PRETRAINED_DIR", raising=False)
+    out = tmp_path / "rebuild"
+    with mock_flowers(24):
+        assert rebuild.main(["flowers64", "--out", str(out), "--smoke"]) == 0
+    first = capsys.readouterr().out
+    stages = [stage.name for stage in rebuild.load_recipe("flowers64").stages]
+    for stage in stages:
+        marker = json.loads((out / "stages" / f"{stage}.json").read_text())
+        assert marker["complete"] and marker["device"] == "cpu" and marker["seconds"] >= 0
+        assert f"stage {stage}: done in " in first
+    from ddim.pretrained import find
+
+    teacher, student = find("flowers64", out / "bundles"), find("flowers64-2step", out / "bundles")
+    assert teacher.config.model.prediction == "velocity" and teacher.weights_dtype == "float16"
+    assert student.config.model.distilled_steps == 2
+    for manifest, stage in ((teacher, "defaults"), (student, "student-defaults")):
+        record = manifest.record
+        chosen = json.loads((out / "stages" / f"{stage}.json").read_text())["result"]
+        assert record["defaults"] == chosen and record["recipe"] == "python benchmarks/rebuild.py flowers64 --smoke"
+        # The defaults are the setting of lowest FID among the sweep's lines.
+        sweep = [score for score in record["scores"] if score["num"] == 6]
+        best = min(sweep, key=lambda score: score["fid"])
+        assert {key: best[key] for key in chosen} == chosen and record["guidance"].startswith(f"{best['guidance']:g},")
+        assert all(score["fid"] is not None and score["class_accuracy"] is not None for score in record["scores"])
+        assert record["hardware"].startswith("a ") and "CPU" in record["hardware"] and record["wall_time"]
+        lines = (out / "results" / Path(record["scores"][0]["source"]).name).read_text().splitlines()
+        assert len(lines) >= len(record["scores"])
+    assert len([score for score in teacher.record["scores"] if score["num"] == 6]) >= 2
+
+    with mock_flowers(24):
+        assert rebuild.main(["flowers64", "--out", str(out), "--smoke"]) == 0
+    second = capsys.readouterr().out
+    assert [line.split(":")[0] for line in second.splitlines() if "done earlier, skipped" in line] == \
+        [f"stage {stage}" for stage in stages]
+    assert "flowers64: 0 stage(s) run" in second and "done in" not in second
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name in rebuild.recipe_names() if name != "flowers64"])
+def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, tiny_standard_network, monkeypatch):
+    """flowers32's chain as flowers64's without the student; flowers32-4step's distils the bundled flowers32."""
+    monkeypatch.delenv("DDIM_PRETRAINED_DIR", raising=False)
+    with mock_flowers(24):
+        assert rebuild.main([name, "--out", str(tmp_path), "--smoke"]) == 0
+    from ddim.pretrained import find
+
+    manifest = find(name, tmp_path / "bundles")
+    assert manifest.record["defaults"] and manifest.record["scores"] and manifest.weights_dtype == "float16"
+
+
+def write_recipe(root: Path, name: str, text: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{name}.toml").write_text(text)
+    return root
+
+
+CHEAP = '''
+name = "cheap"
+about = "two stages of cheap commands"
+
+[settings]
+config = "configs/smoke.toml"
+bad = "/nowhere/missing.toml"
+
+[smoke]
+bad = "configs/smoke.toml"
+
+[[stage]]
+name = "first"
+about = "one command"
+run = "ddim pretrained list --json"
+
+[[stage]]
+name = "second"
+about = "a command that passes, then one that fails without --smoke"
+run = ["ddim pretrained list --json", "ddim train --config {bad} --workdir {out}/run --set train.max_steps=0"]
+smoke_run = ["ddim pretrained list --json"]
+'''
+
+
+def test_a_failed_stage_is_one_error_line_and_resumes_at_its_first_command_not_done(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(rebuild, "RECIPES", write_recipe(tmp_path / "recipes", "cheap", CHEAP))
+    monkeypatch.setenv("DDIM_PRETRAINED_DIR", str(tmp_path / "no-bundles"))
+    out = tmp_path / "out"
+    assert rebuild.main(["cheap", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "missing.toml" in one_error_line(captured.err)  # the stage's own line, and no second one
+    assert "stage second failed (exit 1)" in captured.err and "the same rebuild command resumes it" in captured.err
+    marker = json.loads((out / "stages" / "second.json").read_text())
+    assert not marker["complete"] and [c["command"] for c in marker["commands"]] == ["ddim pretrained list --json"]
+    assert json.loads((out / "stages" / "first.json").read_text())["complete"]
+
+    assert rebuild.main(["cheap", "--out", str(out)]) == 1  # again: the first stage and command are not repeated
+    captured = capsys.readouterr()
+    assert "stage first: done earlier, skipped" in captured.out
+    assert "[1/2] done earlier: ddim pretrained list --json" in captured.out
+    assert "missing.toml" in one_error_line(captured.err)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["flowers65", "--out", "{tmp}/out"], "no recipe for 'flowers65' (recipes: cheap)"),
+    (["cheap", "--out", "{tmp}/file/out"], "cannot write to --out"),
+    (["cheap", "--out", "{tmp}/out", "--until", "third"], "recipe cheap has no stage 'third'"),
+    (["cheap", "--out", "{tmp}/out", "--set", "dtype=bfloat16"], "--set dtype: recipe cheap has no such setting"),
+    (["cheap", "--out", "{tmp}/out", "--set", "dtype"], "is not of the form KEY=VALUE"),
+])
+def test_bad_input_is_one_error_line(args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(rebuild, "RECIPES", write_recipe(tmp_path / "recipes", "cheap", CHEAP))
+    (tmp_path / "file").write_text("a file, not a directory")
+    assert rebuild.main([arg.format(tmp=tmp_path) for arg in args]) == 1
+    assert message in one_error_line(capsys.readouterr().err)
+
+
+def test_an_out_directory_keeps_one_rebuild_and_until_stops_after_a_stage(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(rebuild, "RECIPES", write_recipe(tmp_path / "recipes", "cheap", CHEAP))
+    monkeypatch.setenv("DDIM_PRETRAINED_DIR", str(tmp_path / "no-bundles"))
+    out = tmp_path / "out"
+    assert rebuild.main(["cheap", "--out", str(out), "--smoke", "--until", "first"]) == 0
+    assert not (out / "stages" / "second.json").exists()
+    assert rebuild.main(["cheap", "--out", str(out), "--smoke"]) == 0  # the smoke's second stage passes
+    assert json.loads((out / "stages" / "second.json").read_text())["complete"]
+    capsys.readouterr()
+    assert rebuild.main(["cheap", "--out", str(out)]) == 1  # not a smoke: another rebuild
+    assert "holds a rebuild of cheap (smoke, settings {}), not this one" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("text, message", [
+    (CHEAP.replace("ddim train", "rm -rf"), "a command is `ddim ...` or `python benchmarks/SCRIPT.py ...`"),
+    (CHEAP.replace("{bad}", "{worse}"), "{worse} is no setting"),
+    (CHEAP.replace('name = "second"', 'name = "first"'), "needs stages of distinct names"),
+    (CHEAP + '\n[[stage]]\nname = "third"\n', "stage 'third' needs one of run, choose, record"),
+    (CHEAP.replace('bad = "configs', 'worse = "configs'), "[smoke] sets worse, which [settings] lacks"),
+])
+def test_a_bad_recipe_is_refused_before_anything_runs(text, message, tmp_path):
+    root = write_recipe(tmp_path / "recipes", "cheap", text)
+    with pytest.raises(rebuild.RebuildError) as error:
+        rebuild.load_recipe("cheap", root)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("name", rebuild.recipe_names())
+@pytest.mark.parametrize("smoke", [False, True], ids=["gpu", "smoke"])
+def test_every_recipe_names_its_settings_and_its_ddim_commands_parse(name, smoke, tmp_path):
+    recipe = rebuild.load_recipe(name)
+    build = rebuild.Rebuild(recipe, tmp_path, smoke)
+    values = {**build.values(), **{stage.name: "--steps 20 --sampler ddim --spacing uniform --eta 0 --guidance 2"
+                                   for stage in recipe.stages if stage.kind == "choose"}}
+    commands = [rebuild.expand(command, values) for stage in recipe.stages for command in
+                (stage.smoke_run if smoke and stage.smoke_run else stage.run)]
+    assert commands and not [command for command in commands if rebuild.PLACEHOLDER.search(command)]
+    for command in commands:
+        if command.startswith("ddim "):
+            parse_command(shlex.split(command)[1:])  # an unknown option or a bad value raises
+        else:
+            assert (REPO / shlex.split(command)[1]).is_file(), command
+    for stage in recipe.stages:
+        if stage.kind == "record":
+            assert stage.record["model"] and recipe.stage(stage.record["defaults"]).kind == "choose"
+            assert all(recipe.stage(trained).kind == "run" for trained in stage.record["trained"])
+
+
+def test_the_flowers64_recipe_trains_a_velocity_model_120_epochs_in_two_stages(tmp_path):
+    recipe = rebuild.load_recipe("flowers64")
+    values = rebuild.Rebuild(recipe, tmp_path).values()
+    train = [rebuild.expand(command, values) for stage in recipe.stages if stage.name.startswith("train")
+             for command in stage.run]
+    assert len(train) == 2 and all("model.prediction=velocity" in command for command in train)
+    assert all("train.num_epochs=120" in command and "train.lr_decay_steps=61200" in command for command in train)
+    assert train[0].endswith("train.max_steps=30600") and train[1].endswith("train.max_steps=61200")
+    bf16 = rebuild.Rebuild(recipe, tmp_path, overrides={"dtype": "bfloat16"}).values()
+    assert "model.dtype=bfloat16" in rebuild.expand(recipe.stage("train-1").run[0], bf16)
+
+
+def test_sweep_words_and_defaults_options():
+    lines = [{"num": 1000, "steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": g, "fid": f}
+             for g, f in ((1.0, 50.0), (2.0, 39.2), (3.0, 41.2))]
+    best = rebuild.setting_of(lines[1])
+    assert best == {"steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": 2.0}
+    assert rebuild.sweep_words(best, lines) == (
+        "2, the lowest FID of 3 settings (1,000 samples each): 20 steps of ddim (uniform grid), guidance 2, FID 39.2; "
+        "against 20 steps of ddim (uniform grid), guidance 3: 41.2; 20 steps of ddim (uniform grid), guidance 1: 50.0")
+    assert rebuild.defaults_options(best) == ["--steps", "20", "--sampler", "ddim", "--spacing", "uniform", "--eta",
+                                              "0", "--guidance", "2"]
