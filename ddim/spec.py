@@ -216,19 +216,17 @@ class SamplingRules:
     sampler: str = "ddim"
     """A student's sampler."""
     teacher: str = ""
-    """A student's teacher, named in the refusals of what it cannot do."""
+    """A student's teacher (``model.distilled_from``), named in the refusals of what it cannot do."""
 
     @classmethod
-    def of(cls, model, defaults: SamplingSpec | None = None, name: str | None = None,
-           teacher: str | None = None) -> "SamplingRules":
-        """The rules of a :class:`ddim.config.ModelConfig`, with a bundle's recorded ``defaults`` if any, and the
-        teacher a student was distilled from (default: its config's ``distilled_from``)."""
+    def of(cls, model, defaults: SamplingSpec | None = None, name: str | None = None) -> "SamplingRules":
+        """The rules of a :class:`ddim.config.ModelConfig`, with a bundle's recorded ``defaults`` if any."""
         steps, sampler = model.distilled_steps, model.distilled_sampler if model.distilled_steps else "ddim"
         if defaults is None:
             defaults = SamplingSpec(steps=steps, sampler=sampler) if steps else SamplingSpec()
         counts = tuple(model.distilled_step_counts) or ((steps,) if steps else ())
         return cls(defaults, steps, tuple(model.guidance_range), name or "this model", counts, sampler,
-                   teacher or model.distilled_from)
+                   model.distilled_from)
 
     @property
     def distilled(self) -> bool:
