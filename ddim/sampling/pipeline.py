@@ -45,10 +45,12 @@ def inversion_spec(spec: SamplingSpec | None, steps: int | None = None, spacing:
     """The spec of a deterministic DDIM pass (inversion and decoding): ``spec``'s steps, spacing and guidance.
 
     Without ``spec`` it starts from the plain defaults (DDIM's uniform grid), or a student's own step count; a
-    bundled model's sampler advice is for sampling, not for these passes."""
-    base = SamplingSpec(steps=rules.distilled_steps) if rules.distilled else None
+    bundled model's sampler advice is for sampling, not for these passes. A student decodes with its own sampler
+    (a consistency student's draws fresh noise after its first step)."""
+    sampler = rules.sampler if rules.distilled else "ddim"
+    base = SamplingSpec(steps=rules.distilled_steps, sampler=sampler) if rules.distilled else None
     spec = SamplingSpec.of(spec if spec is not None else base, steps=steps, spacing=spacing, guidance=guidance)
-    return rules.check(SamplingSpec(steps=spec.steps, spacing=spec.spacing, guidance=spec.guidance))
+    return rules.check(SamplingSpec(steps=spec.steps, sampler=sampler, spacing=spec.spacing, guidance=spec.guidance))
 
 
 class Pipeline:
