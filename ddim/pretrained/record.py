@@ -332,9 +332,16 @@ def facts(manifest) -> list[tuple[str, str | list[str]]]:
     if manifest.config.init.source:
         rows.append(("fine-tuned", describe_init(manifest.config)))
     if model.distilled_steps:
-        teacher = record.get("distilled_from") or "an unrecorded teacher"
-        rows.append(("distilled", f"from {teacher}; samples with {model.distilled_steps} deterministic DDIM steps "
-                                  "of one network pass each, guidance included, and no other count"))
+        teacher = record.get("distilled_from") or model.distilled_from or "an unrecorded teacher"
+        counts = model.distilled_step_counts
+        if model.distilled_sampler == "consistency":
+            listed = " or ".join(filter(None, [", ".join(str(count) for count in counts[:-1]), str(counts[-1])]))
+            how = (f"samples with {listed} steps of consistency sampling (by default {model.distilled_steps}), one "
+                   "network pass each, guidance included")
+        else:
+            how = (f"samples with {model.distilled_steps} deterministic DDIM steps of one network pass each, "
+                   "guidance included, and no other count")
+        rows.append(("distilled", f"from {teacher}; {how}"))
     for label, field in (("wall time", "wall_time"), ("recipe", "recipe"), ("data", "data")):
         if record.get(field):
             rows.append((label, record[field]))
