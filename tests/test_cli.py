@@ -102,7 +102,7 @@ def test_no_runs_at_all(tmp_path, monkeypatch):
         (["--num", "0"], "--num must be >= 1"),
         (["--batch-size", "-3"], "--batch-size must be >= 1"),
         (["--eta", "-1"], "--eta must be >= 0"),
-        (["--sampler", "euler"], "unknown --sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m)"),
+        (["--sampler", "euler"], "unknown --sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m, consistency)"),
         (["--spacing", "cosine"], "unknown --spacing 'cosine' (choose from uniform, logsnr, karras)"),
         (["--sampler", "dpmpp-2m", "--eta", "0.5"], "--eta > 0 needs --sampler ddim"),
     ],

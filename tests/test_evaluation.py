@@ -164,7 +164,7 @@ def test_eval_with_a_missing_weights_path_fails_with_one_line(smoke_workdir, tmp
         (["--eta", "-1"], "--eta"),
         (["--fid-net", "torchvision"], "--fid-net must be 'standard' or 'keras'"),
         (["--kid-net", "clip"], "--kid-net must be 'standard' or 'keras'"),
-        (["--sampler", "euler"], "unknown --sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m)"),
+        (["--sampler", "euler"], "unknown --sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m, consistency)"),
         (["--spacing", "cosine"], "unknown --spacing 'cosine' (choose from uniform, logsnr, karras)"),
         (["--sampler", "dpmpp-2m", "--eta", "1"], "--eta > 0 needs --sampler ddim"),
     ],

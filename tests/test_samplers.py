@@ -66,7 +66,8 @@ def test_reversed_grid_walks_back_over_the_same_times():
 
 
 def test_bad_names_list_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown sampler 'euler' \(choose from ddim, dpmpp-2m, dpmpp-3m\)"):
+    with pytest.raises(ValueError,
+                       match=r"unknown sampler 'euler' \(choose from ddim, dpmpp-2m, dpmpp-3m, consistency\)"):
         samplers.get_sampler("euler")
     with pytest.raises(ValueError, match=r"unknown spacing 'cosine' \(choose from uniform, logsnr, karras\)"):
         grid("cosine", 4)

@@ -37,7 +37,8 @@ def test_generate_rejects_bad_arguments(pipe):
         pipe.generate(2, steps=0)
     with pytest.raises(ValueError, match="number of images must be >= 1"):
         pipe.generate(0, steps=2)
-    with pytest.raises(ValueError, match=r"unknown sampler 'euler' \(choose from ddim, dpmpp-2m, dpmpp-3m\)"):
+    with pytest.raises(ValueError,
+                       match=r"unknown sampler 'euler' \(choose from ddim, dpmpp-2m, dpmpp-3m, consistency\)"):
         pipe.generate(2, steps=2, sampler="euler")
     with pytest.raises(ValueError, match=r"unknown spacing 'linear' \(choose from uniform, logsnr, karras\)"):
         pipe.generate(2, steps=2, spacing="linear")

@@ -124,7 +124,7 @@ def gradient(width, height):
         ((2, 2, 0, float("nan")), "eta must be a finite number"),
         ((2, 2, 0, 1.5), "eta must be between 0 and 1, got 1.5"),
         ((2, 2, True, 0), "seed is missing or not a number"),
-        ((2, 2, 0, 0, "euler"), "unknown sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m)"),
+        ((2, 2, 0, 0, "euler"), "unknown sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m, consistency)"),
         ((2, 2, 0, 0, "ddim", "cosine"), "unknown spacing 'cosine' (choose from uniform, logsnr, karras)"),
         ((2, 2, 0, 0.5, "dpmpp-2m"), "eta > 0 needs the ddim sampler (dpmpp-2m is deterministic)"),
     ],
