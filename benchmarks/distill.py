@@ -20,6 +20,10 @@ FID Inception, KID over all samples, class accuracy for a class-conditional mode
 - the teacher's defaults (a bundled model's best measured setting: for flowers32 20 steps of dpmpp-2m, guidance
   1.5, 40 passes), at every ``--teacher-num`` (default: ``--num``).
 
+``--step-cost CONFIG`` instead measures what one optimiser step of each kind costs with the teacher and the
+``[distill]`` settings of CONFIG (stage one, a round, consistency distillation): the process's CPU seconds per
+step, each kind's steps interleaved with the others', after one that compiles; to size runs of equal CPU time.
+
 ``--time`` adds the seconds 16 images take on this machine once compiled (the median of three calls of
 ``Pipeline.generate``, after one that compiles): measure them on an otherwise idle machine. The training cost
 of each round is read from the students' ``distill.jsonl``. Results go to ``<out>/distill.jsonl`` (a rerun skips
@@ -117,6 +121,53 @@ def training_cost(students: Path) -> list[dict]:
     return list(phases.values())
 
 
+def step_costs(teacher_source: str, config_file: str, repeats: int = 4, steps: int = 3) -> dict[str, float]:
+    """The median CPU seconds of one distillation step of each kind (module docstring), on a batch of random
+    images of the teacher's size with its classes; a round's teacher is a stage-one student as it starts."""
+    import jax
+    import numpy as np
+
+    from ddim.distill import plan as plan_lib
+    from ddim.distill.loop import run_config
+    from ddim.distill.step import StepSettings, create_student_state, distill_step
+    from ddim.model import DiffusionModel
+
+    teacher = ddim.load(teacher_source)
+    model = teacher.config.model
+    base = run_config(teacher.config, config_file)
+    batch_size = base.distill.batch_size
+    rng = np.random.default_rng(0)
+    batch = {"image": rng.integers(0, 256, (batch_size, *teacher.image_shape), dtype=np.uint8),
+             "label": (np.arange(batch_size) % max(model.num_classes, 1)).astype(np.int32)}
+    jobs = {}
+    for method in ("progressive", "consistency"):
+        config = run_config(teacher.config, config_file, [f"distill.method={method}"])
+        phases = plan_lib.plan(model, config)
+        for phase in phases[:2]:
+            student = DiffusionModel(plan_lib.student_model(model, config, phase))
+            state = create_student_state(student, teacher.variables, config, phase, jax.random.key(0))
+            if phase.kind == plan_lib.ROUND and phases[0].kind == plan_lib.GUIDANCE_STAGE:
+                first = DiffusionModel(plan_lib.student_model(model, config, phases[0]))
+                teacher_model, teacher_variables = first, {"params": state.params, "batch_stats": state.batch_stats}
+            else:
+                teacher_model, teacher_variables = teacher.model, teacher.variables
+            settings = StepSettings.of(student, teacher_model, config, phase)
+            step = jax.jit(lambda s, t, b, r, settings=settings: distill_step(s, t, b, r, settings))
+            jobs[phase.kind] = [step, state, teacher_variables]
+    for job in jobs.values():  # compile
+        job[1], metrics = job[0](job[1], job[2], batch, jax.random.key(1))
+        jax.block_until_ready(metrics)
+    seconds = {kind: [] for kind in jobs}
+    for _ in range(repeats):
+        for kind, job in jobs.items():
+            started = time.process_time()
+            for _ in range(steps):
+                job[1], metrics = job[0](job[1], job[2], batch, jax.random.key(1))
+            jax.block_until_ready(metrics)
+            seconds[kind].append((time.process_time() - started) / steps)
+    return {kind: statistics.median(values) for kind, values in seconds.items()}
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | passes | steps | sampler | guidance | samples | FID | KID | class acc. | s / 16 images |",
              "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -134,9 +185,11 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
     """Measure what is missing, print the table and the training cost; returns the rows. ``feature_extractor_factory``
     replaces the FID Inception (tests only)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--students", type=Path, required=True, help="the work directory of ddim distill")
+    parser.add_argument("--students", type=Path, help="the work directory of ddim distill")
     parser.add_argument("--teacher", required=True, help="the teacher: pretrained:NAME or a checkpoint")
-    parser.add_argument("--out", type=Path, required=True, help="results, eval.jsonl and the real features' cache")
+    parser.add_argument("--out", type=Path, help="results, eval.jsonl and the real features' cache")
+    parser.add_argument("--step-cost", metavar="CONFIG", help="only measure the CPU seconds of a step of each kind "
+                        "with CONFIG's [distill] settings")
     parser.add_argument("--num", type=int, nargs="+", default=[1000, 5000], help="samples per measurement")
     parser.add_argument("--guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5],
                         help="the students' guidance scales (the first --num; the best also at the others)")
@@ -151,6 +204,14 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
                         "teacher's path with the image prediction clipped")
     parser.add_argument("--time", action="store_true", help="also time 16 images per row (on an idle machine)")
     args = parser.parse_args(argv)
+    if args.step_cost:
+        costs = step_costs(args.teacher, args.step_cost)
+        first = next(iter(costs))
+        for kind, seconds in costs.items():
+            print(f"- {kind}: {seconds:.2f} CPU s a step, {seconds / costs[first]:.2f} times a {first} step")
+        return [{"kind": kind, "cpu_seconds": seconds} for kind, seconds in costs.items()]
+    if args.students is None or args.out is None:
+        parser.error("--students and --out are needed (all but --step-cost)")
     from ddim.spec import SamplingSpec
 
     args.out.mkdir(parents=True, exist_ok=True)

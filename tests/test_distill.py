@@ -497,6 +497,8 @@ def test_consistency_distillation_writes_one_student_that_samples_in_1_2_and_4_s
         pipe.generate(3, steps=2, sampler="ddim")
     with pytest.raises(SpecError, match=f"distilled from \\({conditional_workdir.absolute()}\\)"):
         pipe.invert(images[1])
+    frames = pipe.interpolate(pipe.latents(1, seed=0), pipe.latents(1, seed=1), frames=3, steps=1)  # its sampler
+    assert frames.shape == (3, 16, 16, 3) and not np.array_equal(frames[0], frames[2])
 
 
 def test_a_consistency_student_round_trips_through_its_checkpoint(consistency_student):
@@ -527,8 +529,10 @@ def test_consistency_command_errors_are_one_line(consistency_student, conditiona
         (["distill", "--workdir", conditional_workdir, "--out", tmp_path / "a", "--method", "bogus"],
          "--method must be one of progressive, consistency"),
         (["distill", "--workdir", conditional_workdir, "--out", tmp_path / "b", "--method", "consistency", "--set",
-          "distill.start_steps=4", "--set", "distill.student_steps=[1, 3]"], "must be different step counts that divide"),
-        (["sample", "--workdir", student, "--steps", "3", "--out", tmp_path / "c"], "distilled for --steps 1, 2, 4 only"),
+          "distill.start_steps=4", "--set", "distill.student_steps=[1, 3]"],
+         "must be different step counts that divide"),
+        (["sample", "--workdir", student, "--steps", "3", "--out", tmp_path / "c"],
+         "distilled for --steps 1, 2, 4 only"),
         (["sample", "--workdir", conditional_workdir, "--sampler", "consistency", "--out", tmp_path / "d"],
          "--sampler consistency is for consistency students"),
     ]
@@ -643,6 +647,17 @@ def test_the_distillation_benchmark_scores_a_consistency_student_and_clipped_sam
     printed = capsys.readouterr().out
     assert "| student | 1 | 1 | consistency/uniform clipped |" in printed
     assert "- consistency: 3 optimiser steps" in printed
+
+
+def test_the_distillation_benchmark_measures_what_a_step_of_each_kind_costs(conditional_workdir, tmp_path, capsys):
+    from tests.test_bench import load_benchmark
+
+    config = tmp_path / "tiny.toml"
+    config.write_text("[distill]\nstart_steps = 4\nbatch_size = 4\n")
+    rows = load_benchmark("distill").main(["--teacher", str(conditional_workdir), "--step-cost", str(config)])
+    assert [row["kind"] for row in rows] == ["guidance", "round", "consistency"]
+    assert all(row["cpu_seconds"] > 0 for row in rows)
+    assert "- consistency: " in capsys.readouterr().out
 
 
 def test_the_web_page_takes_a_student_at_its_own_steps(distilled):
