@@ -113,6 +113,7 @@ def test_a_missing_or_damaged_source_is_one_error_line(trained_workdir, tmp_path
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_bundled_source_is_refused(tmp_path, monkeypatch):
     shutil.copytree(ddim.pretrained.PACKAGE_ROOT / "flowers32", tmp_path / "models" / "flowers32")
     weights = tmp_path / "models" / "flowers32" / "weights.safetensors"
@@ -124,6 +125,7 @@ def test_a_damaged_bundled_source_is_refused(tmp_path, monkeypatch):
     assert_one_line_error(result, "do not match their SHA-256")
 
 
+@pytest.mark.slow
 def test_resume_wins_over_init(trained_workdir, tmp_path):
     workdir = tmp_path / "tuned"
     with mock_flowers():
@@ -159,6 +161,7 @@ def test_classes_map_by_name_and_new_classes_start_as_the_null_class(conditional
                                   source.generate(2, steps=2, seed=0, cond=null))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("choice", ["mean", "random"])
 def test_new_classes_can_start_from_the_mean_or_at_random(conditional_workdir, tmp_path, choice):
     config = finetune_config(conditional_workdir, *folder(tmp_path / "images", ("tulip", "daisy")),
@@ -172,6 +175,7 @@ def test_new_classes_can_start_from_the_mean_or_at_random(conditional_workdir, t
         assert not np.allclose(tulip, old[-1]) and not np.allclose(tulip, old[:-1].mean(0))
 
 
+@pytest.mark.slow
 def test_a_class_conditional_source_on_images_without_classes_trains_through_its_null_class(conditional_workdir,
                                                                                           tmp_path):
     config = finetune_config(conditional_workdir, *folder(tmp_path / "images", ()), "train.max_steps=2",
@@ -197,6 +201,7 @@ def test_an_unconditional_source_on_images_by_class_gets_a_class_embedding(train
                                   ddim.load(trained_workdir).generate(2, steps=2, seed=0))
 
 
+@pytest.mark.slow
 def test_adapt_sets_the_normaliser_to_the_new_data_and_keep_leaves_the_source(trained_workdir, tmp_path):
     source = ddim.load(trained_workdir).variables["batch_stats"]["normalizer"]
     stats = {}
