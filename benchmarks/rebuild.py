@@ -588,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", help=f"the bundled model to rebuild ({', '.join(recipe_names())})")
     parser.add_argument("--out", type=Path, required=True, help="where everything goes (data, runs, bundles)")
     parser.add_argument("--smoke", action="store_true", help="the whole chain on a tiny model, in seconds")
-    parser.add_argument("--until", metavar="STAGE", help="stop after this stage (a GPU session at a time)")
+    parser.add_argument("--until", metavar="STAGE", help="stop after this stage (to run a long chain a stage at a time)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="replace a setting of the recipe, e.g. dtype=bfloat16 (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the stages, their state and commands; run none")
