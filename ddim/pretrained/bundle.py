@@ -154,7 +154,10 @@ def write_bundle(root: str | os.PathLike, name: str, config: Config, variables: 
     if target.exists() and not overwrite:
         raise PretrainedError(f"{target} already exists; use --overwrite to replace it")
     tensors = stored_tensors(variables, weights_dtype)
-    data = save(tensors, metadata={"format": f"ddim-pretrained-{FORMAT}", "name": name, "dtype": weights_dtype})
+    # One metadata entry: safetensors writes several in no fixed order, and the same weights must give the same
+    # file (and SHA-256) every time they are written.
+    data = save(tensors, metadata={"ddim-pretrained": json.dumps(
+        {"format": FORMAT, "name": name, "dtype": weights_dtype}, sort_keys=True)})
     if len(data) > MAX_BYTES:
         raise PretrainedError(f"the weights of {name} take {len(data) / 1e6:.1f} MB, over the "
                               f"{MAX_BYTES / 1e6:g} MB a bundled model may take")
