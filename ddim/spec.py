@@ -170,6 +170,9 @@ class SamplingSpec:
         default, options = SamplingSpec(), []
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.name == "clip":  # a flag, given when set
+                options += ["--clip"] if value else []
+                continue
             if value is None or (skip_defaults and value == getattr(default, field.name)):
                 continue
             if isinstance(value, bool):  # a switch: named when on

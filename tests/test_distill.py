@@ -158,6 +158,24 @@ def test_focused_guidance_draws_put_half_of_the_scales_where_they_are_sampled():
     assert abs(np.mean((focused >= 1) & (focused <= 2)) - (0.5 + 0.5 * 0.25)) < 0.02
 
 
+def test_clipped_sampling_keeps_the_image_prediction_in_the_pixels_range_and_the_step_consistent():
+    """SamplingSpec.clip, to be measured on the students: each image prediction within what [0, 1] normalises to,
+    and the noise prediction the one that, with it, gives the input back."""
+    _, model, variables = _teacher("model.prediction=velocity")  # wild predictions, far outside the pixels' range
+    z = jnp.asarray(np.random.default_rng(0).normal(size=(4, 16, 16, 3)), jnp.float32)
+    rates = model.objective.schedule(jnp.full((4, 1, 1, 1), 0.5))
+    _, plain = process.spec_denoiser(model, variables, SamplingSpec())(z, *rates)
+    noises, images = process.spec_denoiser(model, variables, SamplingSpec(clip=True))(z, *rates)
+    ends = np.asarray(model.apply(variables, jnp.array([0.0, 1.0]).reshape(2, 1, 1, 1) * jnp.ones((2, 1, 1, 3)),
+                                  method=DiffusionModel.normalize))
+    assert np.any(plain < ends[0] - 0.1) and np.any(plain > ends[1] + 0.1)
+    assert np.all(images >= ends[0] - 1e-6) and np.all(images <= ends[1] + 1e-6)
+    np.testing.assert_allclose(rates[1] * images + rates[0] * noises, z, atol=1e-5)
+    assert SamplingSpec(steps=4, clip=True).cli_options() == ["--steps", "4", "--clip"]
+    assert "--clip" not in SamplingSpec().cli_options(skip_defaults=False)
+    assert "clip" not in SamplingSpec().to_dict() and SamplingSpec(clip=True).to_dict()["clip"] is True
+
+
 # --- the plan -----------------------------------------------------------------------------------------------------
 
 

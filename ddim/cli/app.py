@@ -125,11 +125,12 @@ def sampling_spec(steps: int = DEFAULT_STEPS, sampler: str = "ddim", spacing: st
 
 
 def sampling_changes(steps: Optional[int] = None, sampler: Optional[str] = None, spacing: Optional[str] = None,
-                     eta: Optional[float] = None, guidance: Optional[float] = None) -> dict:
+                     eta: Optional[float] = None, guidance: Optional[float] = None, clip: bool = False) -> dict:
     """The sampling options given on the command line (the rest come from the model: :func:`model_spec`), each
     checked on its own first: a bad value exits with status 2 and one line naming its option."""
     changes = {name: value for name, value in (("steps", steps), ("sampler", sampler), ("spacing", spacing),
-                                               ("eta", eta), ("guidance", guidance)) if value is not None}
+                                               ("eta", eta), ("guidance", guidance), ("clip", clip or None))
+               if value is not None}
     try:
         SamplingSpec(**changes)
     except SpecError as error:
@@ -206,6 +207,11 @@ def sampler_option():
 
 def spacing_option():
     return typer.Option(None, "--spacing", help=f"{SPACING_HELP} " + MODEL_DEFAULT.format(PLAIN.spacing))
+
+
+def clip_option():
+    return typer.Option(False, "--clip", help="Clip every step's image prediction to the pixels' range and go on "
+                        "with the noise it implies (DDPM's clip_denoised). Default: off.")
 
 
 def eta_option():

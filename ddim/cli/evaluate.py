@@ -14,6 +14,7 @@ from ddim.cli.app import (
     checkpoint_option,
     checkpoint_source,
     compilation_cache_option,
+    clip_option,
     eta_option,
     fail,
     guidance_option,
@@ -43,6 +44,7 @@ def eval_command(
     num: int = typer.Option(5000, "--num", "-n", help="Number of generated images."),
     steps: Optional[int] = steps_option(),
     eta: Optional[float] = eta_option(),
+    clip: bool = clip_option(),
     sampler: Optional[str] = sampler_option(),
     spacing: Optional[str] = spacing_option(),
     seed: int = typer.Option(0, "--seed", help="Random seed of the generated images and of the KID subsets."),
@@ -95,7 +97,7 @@ def eval_command(
     for name, value in (("num", num), ("real-num", real_num)):
         if value is not None and value < 2:
             fail(f"--{name} must be >= 2 for KID and FID (got {value})", code=2)
-    changes = sampling_changes(steps, sampler, spacing, eta, guidance)
+    changes = sampling_changes(steps, sampler, spacing, eta, guidance, clip)
     _check_choice("split", split, SPLITS)
     _check_choice("fid-net", fid_net, NETWORKS)
     _check_choice("kid-net", kid_net, NETWORKS)

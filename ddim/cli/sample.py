@@ -17,6 +17,7 @@ from ddim.cli.app import (
     compilation_cache_option,
     describe_classes,
     describe_source,
+    clip_option,
     eta_option,
     guidance_option,
     guidance_tip,
@@ -46,6 +47,7 @@ def sample(
     steps: Optional[int] = steps_option(),
     seed: int = typer.Option(0, "--seed", help="Random seed (same seed, checkpoint and steps: same pixels)."),
     eta: Optional[float] = eta_option(),
+    clip: bool = clip_option(),
     sampler: Optional[str] = sampler_option(),
     spacing: Optional[str] = spacing_option(),
     classes: List[str] = class_option(),
@@ -65,7 +67,7 @@ def sample(
     --guidance; classes.json then says which class each image is.
     """
     require_positive(num=num, steps=steps, batch_size=batch_size)
-    changes = sampling_changes(steps, sampler, spacing, eta, guidance)
+    changes = sampling_changes(steps, sampler, spacing, eta, guidance, clip)
     source = checkpoint_source(workdir, checkpoint, pretrained)
     from ddim.sampling.outputs import check_sample_folder
 
