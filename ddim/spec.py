@@ -175,9 +175,6 @@ class SamplingSpec:
                 continue
             if value is None or (skip_defaults and value == getattr(default, field.name)):
                 continue
-            if isinstance(value, bool):  # a switch: named when on
-                options += [f"--{field.name}"] if value else []
-                continue
             options += [f"--{field.name}", f"{value:g}" if isinstance(value, float) else str(value)]
         return options
 
