@@ -4,9 +4,9 @@ Run:  python benchmarks/conv_winograd.py [--size 64] [--batch 64] [--repeats 5]
 
 Winograd's minimal filtering (Lavin & Gray 2016) does a 3x3 convolution's multiplications in 16 matrix products
 of 2x2 output tiles instead of 9 per pixel: 2.25x fewer. Written here in JAX (the input transform as strided
-slices, the 16 products as one batched ``dot_general``, autodiff for the gradients), timed beside
-``lax.conv_general_dilated`` with ddim's XLA flags and allocator, at the shapes of the Keras network's
-convolutions (the first convolution of each block takes the concatenated skip). Prints, per shape, the fastest
+slices, the 16 products as one batched ``dot_general``, autodiff for the gradients), timed beside the
+network's own convolution (``ddim.ops.conv2d``, XLA's) with ddim's XLA flags and allocator, at the shapes of the
+Keras network's convolutions (the first convolution of each block takes the concatenated skip). Prints, per shape, the fastest
 forward and the fastest vector-Jacobian product (input and weight gradients) of ``--repeats``, and the largest
 relative difference of the outputs. The study it belongs to: docs/research/cpu-speed.md.
 """
@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ddim  # noqa: E402,F401  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
+from ddim.ops import conv2d  # noqa: E402  (the network's own convolution, XLA's for a 3x3 kernel)
 
 if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
@@ -33,10 +34,6 @@ from jax import lax  # noqa: E402
 # (height as a fraction of --size, input channels, output channels): each level's two convolutions of a block.
 SHAPES = ((1, 32, 32), (1, 64, 32), (2, 64, 64), (2, 96, 64), (4, 96, 96), (4, 160, 96), (8, 128, 128),
           (8, 224, 128))
-
-
-def conv_xla(x, kernel):
-    return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def _input_transform(x, axis: int):
@@ -89,10 +86,10 @@ def main(argv: list[str] | None = None) -> None:
         x = jax.random.normal(key, (args.batch, size, size, cin))
         kernel = jax.random.normal(key, (3, 3, cin, cout)) * 0.1
         cotangent = jax.random.normal(jax.random.PRNGKey(1), (args.batch, size, size, cout))
-        reference = conv_xla(x, kernel)
+        reference = conv2d(x, kernel)
         error = float(jnp.max(jnp.abs(reference - jax.jit(conv_winograd)(x, kernel))) / jnp.max(jnp.abs(reference)))
         row = []
-        for conv in (conv_xla, conv_winograd):
+        for conv in (conv2d, conv_winograd):
             forward = jax.jit(conv)
             backward = jax.jit(lambda x, k, g, conv=conv: jax.vjp(conv, x, k)[1](g))
             row += [fastest(forward, (x, kernel), args.repeats), fastest(backward, (x, kernel, cotangent), args.repeats)]
