@@ -23,6 +23,7 @@ import hashlib
 import json
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,34 @@ def load_samples(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
     images, classes = [], []
     for path in paths:
         with np.load(path) as data:
-            images.append(data["images"])
+            images.append(data["images"] if "images" in data else decode_webp(data["webp"], data["offsets"]))
             classes.append(data["classes"])
     return np.concatenate(images), np.concatenate(classes)
+
+
+SETTING_KEYS = ("steps", "sampler", "spacing", "eta", "guidance", "seed", "batch_size")
+
+
+def load_setting(paths: list[str]) -> dict:
+    """The sampling setting the .npz files were generated at (``generate_eval_samples.py`` stores it), or {}."""
+    settings = []
+    for path in paths:
+        with np.load(path) as data:
+            settings.append(json.loads(str(data["setting"])) if "setting" in data else {})
+    if any(setting != settings[0] for setting in settings):
+        raise SystemExit("error: the sample files were generated at different settings")
+    return settings[0] if settings else {}
+
+
+def decode_webp(files: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The uint8 NHWC images of ``generate_eval_samples.py --encoding webp``: lossless WebP files end to end."""
+    import io
+
+    from PIL import Image
+
+    data = files.tobytes()
+    return np.stack([np.asarray(Image.open(io.BytesIO(data[start:end])).convert("RGB"))
+                     for start, end in zip(offsets[:-1], offsets[1:])])
 
 
 def cached_generated_features(images: np.ndarray, extractor, cache: Path) -> np.ndarray:
@@ -73,6 +99,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--num", type=int, nargs="+", default=None, help="score the first N images (default: all)")
     parser.add_argument("--out", required=True, help="eval root: eval_cache/ and samples_eval.jsonl go there")
     parser.add_argument("--note", default="", help="how the samples were made (recorded as given)")
+    parser.add_argument("--steps", type=int, help="the sampling steps they were made with (default: as stored)")
+    parser.add_argument("--sampler", help="their sampler (default: as stored in the files, else ddim)")
+    parser.add_argument("--spacing", help="their time grid (default: as stored in the files, else uniform)")
+    parser.add_argument("--guidance", type=float, help="their guidance scale (default: as stored, else none)")
     args = parser.parse_args(argv)
 
     import ddim
@@ -90,6 +120,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     data_cache = cache_root(config, args.out)
 
     images, asked = load_samples(args.samples)
+    # The setting, in ddim eval's eval.jsonl fields, so the lines read as ddim eval's (records, sweeps).
+    setting = {"steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": None, "seed": 0,
+               "batch_size": 64, **load_setting(args.samples)}
+    setting.update({key: getattr(args, key) for key in ("steps", "sampler", "spacing", "guidance")
+                    if getattr(args, key) is not None})
     real_all, _ = real_features(config, args.split, extractor, root.eval_cache, data_cache)
     started = time.perf_counter()
     features = cached_generated_features(images, extractor, root.eval_cache)
@@ -115,9 +150,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if pipe.classes:
             accuracy = class_consistency.accuracy(predicted[:num], asked[:num])
         record = {
-            "checkpoint": checkpoint, "step": pipe.step, "num": num,
-            "fid": metrics.fid(real_all, features[:num]), "kid": kid_mean, "kid_std": kid_std,
-            "class_accuracy": accuracy, "class_accuracy_ceiling": ceiling,
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "checkpoint": checkpoint, "step": pipe.step, **setting, "num": num, "split": args.split,
+            "real_num": len(real_all),
+            "fid": metrics.fid(real_all, features[:num]), "kid": kid_mean, "kid_mean": kid_mean, "kid_std": kid_std,
+            "class_accuracy": accuracy, "class_accuracy_ceiling": ceiling, "real_val_class_accuracy": ceiling,
             "real": f"{config.data.image_dir or config.data.dataset} {args.split} ({len(real_all)} images) at "
                     f"{config.model.image_size}px",
             "fid_net": extractor.identity, "note": args.note,

@@ -262,6 +262,28 @@ def test_images_generated_elsewhere_score_as_ddim_eval_scores_them(conditional_w
     assert scored["class_accuracy"] == direct["class_accuracy"]
     assert scored["class_accuracy_ceiling"] == direct["real_val_class_accuracy"] == 1.0
     assert len((tmp_path / "eval" / "samples_eval.jsonl").read_text().splitlines()) == 2
+    # The lines carry the setting the files stored, in ddim eval's fields: a bundle's record reads them as its own.
+    from ddim.pretrained.record import score_from_eval
+
+    score = score_from_eval(scored)
+    assert (score["steps"], score["sampler"], score["spacing"], score["guidance"]) == (2, "ddim", "uniform", 1.0)
+    assert (score["split"], score["kid"], score["real_class_accuracy"]) == ("val", scored["kid"], 1.0)
+
+
+def test_samples_saved_as_webp_load_as_the_same_pixels_and_classes(tmp_path):
+    """generate_eval_samples.py --encoding webp is lossless: fid_of_samples.py reads back the very pixels."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (7, 8, 8, 3), dtype=np.uint8)
+    classes = np.arange(7, dtype=np.int32)
+    save = load_benchmark("generate_eval_samples").save_samples
+    webp = save(tmp_path / "webp", "set", images, classes, chunk=4, encoding="webp")
+    raw = save(tmp_path / "raw", "set", images, classes, chunk=4)
+    assert [path.name for path in webp] == ["set-0.npz", "set-1.npz"]
+    load = load_benchmark("fid_of_samples").load_samples
+    for paths in (webp, raw):
+        loaded_images, loaded_classes = load([str(path) for path in paths])
+        np.testing.assert_array_equal(loaded_images, images)
+        np.testing.assert_array_equal(loaded_classes, classes)
 
 
 @pytest.mark.slow
