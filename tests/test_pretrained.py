@@ -225,6 +225,13 @@ def test_a_bundle_is_stored_again_in_float16_with_its_config_and_record(bundles,
     assert again.sha256 == half.sha256 and again.directory == half.directory
     with pytest.raises(PretrainedError, match="float32 or float16, not 'float64'"):
         store_as(exact, "float64", tmp_path / "other")
+    # What the rounding did to the figures is said beside the stored weights.
+    from ddim.pretrained.bundle import write_record
+    from ddim.pretrained.record import facts
+
+    noted = write_record(half, {**half.record, "weights_note": "FID level with the float32 weights"})
+    weights = dict(facts(noted))["weights"]
+    assert f"in float16, sha256 {noted.sha256}; FID level with" in weights
 
 
 def test_float16_refuses_weights_beyond_its_range(bundles, tmp_path):

@@ -351,7 +351,10 @@ def facts(manifest) -> list[tuple[str, str | list[str]]]:
     for label in ("guidance", "advice"):
         if record.get(label):
             rows.append(("best guidance" if label == "guidance" else "sampler advice", record[label]))
-    rows.append(("weights", f"{_megabytes(manifest.bytes)} in {manifest.weights_dtype}, sha256 {manifest.sha256}"))
+    weights = f"{_megabytes(manifest.bytes)} in {manifest.weights_dtype}, sha256 {manifest.sha256}"
+    if record.get("weights_note"):  # e.g. how storing them rounded moved the figures
+        weights += f"; {record['weights_note']}"
+    rows.append(("weights", weights))
     if record.get("scores"):
         rows.append(("figures", [_score_line(manifest.name, score, defaults, model.class_conditional)
                                  for score in record["scores"]]))
