@@ -5,11 +5,12 @@ A GPU machine may lack TensorFlow or the FID Inception's weights. This makes the
 with the classes drawn from that seed as the training data has them, eta 0, and the sampler, time grid and
 guidance given: DDIM on the uniform grid at guidance 1 unless ``--sampler``, ``--spacing``, ``--guidance`` say
 otherwise, as the same options of ``ddim eval``)
-and saves them with their asked class ids in chunks (``samples-0.npz``, ...: ``images`` uint8 NHWC, ``classes``
-int); `benchmarks/fid_of_samples.py` scores them where the weights are, as `ddim eval` would.
+and saves them with their asked class ids and the setting in chunks (``samples-0.npz``, ...: ``images`` uint8
+NHWC, or with ``--encoding webp`` each image as lossless WebP; ``classes`` int; ``setting`` JSON);
+`benchmarks/fid_of_samples.py` scores them where the weights are, as `ddim eval` would.
 
 Run:  python benchmarks/generate_eval_samples.py RUN_OR_CHECKPOINT --num 5000 --out DIR [--steps 20] [--chunk 1250]
-          [--guidance 2] [--sampler dpmpp-2m --spacing logsnr]
+          [--guidance 2] [--sampler dpmpp-2m --spacing logsnr] [--encoding webp]
 """
 
 from __future__ import annotations
