@@ -306,6 +306,7 @@ def test_the_weight_average_warms_up_at_a_phase_start_and_keeps_nothing_of_the_p
     assert moved > 0 and lag < 0.25 * moved, (lag, moved)
 
 
+@pytest.mark.slow  # a learning run of tens of seconds; `pytest -m slow` runs it
 def test_a_consistency_student_maps_noise_to_its_teachers_sample_in_one_step():
     # A teacher of image-sized predictions (a wilder one sends its own ODE, and the targets, far from the data).
     config, teacher, variables = _teacher("model.prediction=velocity", "distill.method=consistency",
@@ -324,6 +325,7 @@ def test_a_consistency_student_maps_noise_to_its_teachers_sample_in_one_step():
     assert not np.array_equal(two, student_one) and not np.array_equal(four, two)
 
 
+@pytest.mark.slow  # a learning run of tens of seconds; `pytest -m slow` runs it
 def test_student_of_n_steps_matches_the_teachers_2n_steps_better_than_the_teachers_n_steps():
     config, teacher, variables = _teacher("model.prediction=velocity", "distill.start_steps=2", "distill.end_steps=1",
                                           "distill.learning_rate=2e-3", f"distill.batch_size={BATCH}")
@@ -338,6 +340,7 @@ def test_student_of_n_steps_matches_the_teachers_2n_steps_better_than_the_teache
     assert distance < 0.5 * baseline, (distance, baseline)
 
 
+@pytest.mark.slow  # a learning run of tens of seconds; `pytest -m slow` runs it
 def test_guidance_conditioned_student_follows_the_scale_it_is_given():
     config, teacher, variables = _teacher(
         "model.class_conditional=true", "model.num_classes=4", "model.embedding_injection=every-block",
@@ -626,6 +629,7 @@ def test_a_stopped_distillation_resumes_to_the_same_students(conditional_workdir
     jax.tree.map(np.testing.assert_array_equal, final(tmp_path / "straight"), final(tmp_path / "resumed"))
 
 
+@pytest.mark.slow  # a learning run of tens of seconds; `pytest -m slow` runs it
 def test_the_distillation_benchmark_scores_students_beside_their_teacher_once(distilled, conditional_workdir, tmp_path,
                                                                               capsys):
     from tests.test_bench import load_benchmark
@@ -649,6 +653,7 @@ def test_the_distillation_benchmark_scores_students_beside_their_teacher_once(di
     assert set(bench.find_students(out)) == {1, 2, 4}  # stage one's student (4 steps) and each round's
 
 
+@pytest.mark.slow  # a learning run of tens of seconds; `pytest -m slow` runs it
 def test_the_distillation_benchmark_scores_a_consistency_student_and_clipped_sampling(consistency_student,
                                                                                      conditional_workdir, tmp_path,
                                                                                      capsys):
@@ -667,6 +672,7 @@ def test_the_distillation_benchmark_scores_a_consistency_student_and_clipped_sam
     assert "- consistency: 3 optimiser steps" in printed
 
 
+@pytest.mark.slow  # a learning run of tens of seconds; `pytest -m slow` runs it
 def test_the_distillation_benchmark_measures_what_a_step_of_each_kind_costs(conditional_workdir, tmp_path, capsys):
     from tests.test_bench import load_benchmark
 

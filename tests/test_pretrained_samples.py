@@ -61,7 +61,9 @@ def check_not_noise(pipe, extractor, cache_dir) -> None:
 
 
 @needs_flowers
-@pytest.mark.parametrize("name", [manifest.name for manifest in available(PACKAGE_ROOT)])
+# The default model in the default run; every bundle with `pytest -m "slow or not slow"` (20-35 s each on 2 cores).
+@pytest.mark.parametrize("name", [pytest.param(manifest.name, marks=() if number == 0 else pytest.mark.slow)
+                                  for number, manifest in enumerate(available(PACKAGE_ROOT))])
 def test_a_bundled_models_samples_are_flowers_not_noise(name, fid_extractor, tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     check_not_noise(ddim.load(f"pretrained:{name}"), fid_extractor, tmp_path)
