@@ -41,9 +41,6 @@ def load_samples(paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(images), np.concatenate(classes)
 
 
-SETTING_KEYS = ("steps", "sampler", "spacing", "eta", "guidance", "seed", "batch_size")
-
-
 def load_setting(paths: list[str]) -> dict:
     """The sampling setting the .npz files were generated at (``generate_eval_samples.py`` stores it), or {}."""
     settings = []
@@ -109,6 +106,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from ddim.data import cache_root
     from ddim.evaluation import class_consistency, metrics
     from ddim.evaluation.fid_inception import standard_factory
+    from ddim.spec import SamplingSpec
     from ddim.workdir import Workdir
     from ddim.workdir.records import append_record
 
@@ -121,10 +119,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     images, asked = load_samples(args.samples)
     # The setting, in ddim eval's eval.jsonl fields, so the lines read as ddim eval's (records, sweeps).
-    setting = {"steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": None, "seed": 0,
-               "batch_size": 64, **load_setting(args.samples)}
-    setting.update({key: getattr(args, key) for key in ("steps", "sampler", "spacing", "guidance")
-                    if getattr(args, key) is not None})
+    stored = load_setting(args.samples)
+    seed, batch_size = stored.pop("seed", 0), stored.pop("batch_size", 64)
+    spec = SamplingSpec.of(SamplingSpec(**stored), steps=args.steps, sampler=args.sampler, spacing=args.spacing,
+                           guidance=args.guidance)
+    setting = {**spec.to_dict(), "seed": seed, "batch_size": batch_size}
     real_all, _ = real_features(config, args.split, extractor, root.eval_cache, data_cache)
     started = time.perf_counter()
     features = cached_generated_features(images, extractor, root.eval_cache)

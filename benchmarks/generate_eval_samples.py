@@ -52,8 +52,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     started = time.perf_counter()
     images, classes = generate_like_eval(pipe, args.num, spec, args.seed, args.batch_size)
     print(f"generated {args.num} images in {time.perf_counter() - started:.1f}s")
-    setting = {"steps": spec.steps, "sampler": spec.sampler, "spacing": spec.spacing, "eta": spec.eta,
-               "guidance": spec.guidance, "seed": args.seed, "batch_size": args.batch_size}
+    setting = {**spec.to_dict(), "seed": args.seed, "batch_size": args.batch_size}
     return save_samples(Path(args.out), "samples", images, classes, args.chunk, args.encoding, setting)
 
 
