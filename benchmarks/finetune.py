@@ -2,16 +2,18 @@
 
 Run:  python benchmarks/finetune.py export /data/fashion32 [--idx /usr/share/datasets/fashion-mnist]
       python benchmarks/finetune.py run --data /data/fashion32 --out runs/finetune-fashion --step-seconds S \
-          [--minutes 10 30 90] [--per-class 0 100] [--num 1000]
+          [--minutes 10 30 90] [--per-class 0 100] [--arms scratch finetuned] [--num 1000]
       python benchmarks/finetune.py plot --out runs/finetune-fashion --png docs/images/finetune-fashion.png
 
 ``export`` writes Fashion-MNIST's original IDX files (Debian's package ``dataset-fashion-mnist``) as image
 folders by class at 32x32 (bilinear from 28x28, grayscale PNGs that training reads as RGB): ``train/`` (all
 60,000), ``train-100/`` (the first 100 of each class, 1,000 images) and ``test/`` (all 10,000).
 
-``run`` trains both arms with ``configs/finetune32.toml`` (the same settings: flowers32's network and recipe)
-on each training folder (``--per-class 0`` is all images), one from random weights and one from
-``pretrained:flowers32`` (``ddim train --init``), and scores each at ``--minutes`` of training: FID and KID
+``run`` trains the arms with ``configs/finetune32.toml`` (the same settings: flowers32's network and recipe)
+on each training folder (``--per-class 0`` is all images), ``scratch`` from random weights and ``finetuned``
+from ``pretrained:flowers32`` (``ddim train --init``); ``--arms`` adds fine-tunes that start differently
+(:data:`ARMS`: the input normaliser adapted, new classes at the mean class vector), and scores each at
+``--minutes`` of training: FID and KID
 with the standard FID Inception against all 10,000 test images, and class accuracy (a classifier on the FID
 features of the test images), ``--num`` samples of 20 DDIM steps on the uniform grid, guidance 1, seed 0. A
 minute of training is ``60 / --step-seconds`` optimiser steps, the step time of this config on the machine
@@ -19,8 +21,9 @@ measured on its own (``python benchmarks/bench.py --config configs/finetune32.to
 batch 64 / its images per second), so the comparison holds whatever else the machine does while it runs;
 both arms take the same steps (fine-tuning only adds the few seconds that load the source). Each run's
 schedule is the longest mark's, and it trains in segments up to each mark (a stop and a resume are exact), so
-the earlier marks are points of the one run. Rows go to ``<out>/finetune.jsonl``; a rerun trains and scores
-only what is missing.
+the earlier marks are points of the one run. Every arm reaches a mark before any goes on to the next, so a
+stopped benchmark leaves comparable rows. Rows go to ``<out>/finetune.jsonl``; a rerun trains and scores only
+what is missing.
 
 ``plot`` draws FID against minutes for every arm (matplotlib: ``pip install -e ".[bench]"``).
 """
@@ -53,6 +56,15 @@ BENCH_SETTINGS = ["data.val_fraction=0.0", "data.dataset_repetitions=1", "train.
                   "train.checkpoint_every=100000", "train.keep_checkpoints=10"]
 """The test images are a folder of their own: every training image trains, and each mark is scored with
 ddim eval; a checkpoint is kept at every mark."""
+ARMS = {
+    "scratch": (None, []),
+    "finetuned": (SOURCE, []),
+    "finetuned-adapt": (SOURCE, ['init.normalizer="adapt"']),
+    "finetuned-mean": (SOURCE, ['init.new_classes="mean"']),
+}
+"""Each arm's source and settings: from random weights, the fine-tune at ddim's defaults (the source's input
+normaliser kept, a new class starting as the source's null class), and fine-tunes that differ from it in one
+choice of ``[init]``."""
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -102,9 +114,9 @@ def steps_at(minutes: float, step_seconds: float) -> int:
 def arm_config(arm: str, train_dir: Path, total_steps: int, overrides: list[str]):
     from ddim.train import load_run_config
 
+    source, settings = ARMS[arm]
     return load_run_config(CONFIG, [*BENCH_SETTINGS, f"data.image_dir={json.dumps(str(train_dir))}",
-                                    f"train.lr_decay_steps={total_steps}", *overrides],
-                           init=SOURCE if arm == "finetuned" else None)
+                                    f"train.lr_decay_steps={total_steps}", *settings, *overrides], init=source)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -124,9 +136,9 @@ def run(args, feature_extractor_factory=None) -> None:
         train_dir = data / ("train" if per_class == 0 else f"train-{per_class}")
         if not train_dir.is_dir():
             raise SystemExit(f"error: no training folder {train_dir} (python benchmarks/finetune.py export ...)")
-        for arm in ("scratch", "finetuned"):
-            workdir = out / f"{arm}-{'all' if per_class == 0 else per_class}"
-            for minutes in marks:
+        for minutes in marks:
+            for arm in args.arms:
+                workdir = out / f"{arm}-{'all' if per_class == 0 else per_class}"
                 key = {"arm": arm, "per_class": per_class, "minutes": minutes}
                 if any(all(row.get(k) == v for k, v in key.items()) for row in read_rows(results)):
                     continue
@@ -157,7 +169,7 @@ def plot(args) -> None:
     rows = read_rows(Path(args.out) / "finetune.jsonl")
     figure, axis = plt.subplots(figsize=(6, 4))
     for per_class in sorted({row["per_class"] for row in rows}):
-        for arm, style in (("scratch", "--"), ("finetuned", "-")):
+        for arm, style in ((arm, "--" if arm == "scratch" else "-") for arm in ARMS):
             points = sorted((row["minutes"], row["fid"]) for row in rows
                             if row["arm"] == arm and row["per_class"] == per_class)
             if points:
@@ -184,6 +196,8 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     p.add_argument("--step-seconds", type=float, required=True, help="seconds a training step takes on this CPU")
     p.add_argument("--minutes", type=float, nargs="+", default=[10, 30, 90])
     p.add_argument("--per-class", type=int, nargs="+", default=[0, 100], help="0: all training images")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=["scratch", "finetuned"],
+                   help="how each run starts (in this order at every mark)")
     p.add_argument("--num", type=int, default=1000, help="samples scored at each mark")
     p.add_argument("--set", action="append", default=[], help="a config override for both arms (tests)")
     p = commands.add_parser("plot", help="FID against minutes")

@@ -60,8 +60,8 @@ def test_run_trains_and_scores_both_arms_at_each_mark_once(tmp_path):
            "--set", "train.warmup_steps=0", "--set", "train.normalizer_batches=1"]
     bench.main(run, feature_extractor_factory=tiny_extractor)
     rows = bench.read_rows(tmp_path / "out" / "finetune.jsonl")
-    assert [(r["arm"], r["minutes"], r["step"]) for r in rows] == [("scratch", 1, 1), ("scratch", 2, 2),
-                                                                   ("finetuned", 1, 1), ("finetuned", 2, 2)]
+    assert [(r["arm"], r["minutes"], r["step"]) for r in rows] == [("scratch", 1, 1), ("finetuned", 1, 1),
+                                                                   ("scratch", 2, 2), ("finetuned", 2, 2)]
     assert all(r["fid"] > 0 and r["num"] == 4 and r["real_num"] == 20 and r["train_images"] == 20 for r in rows)
     from ddim.checkpoint import Checkpointer, checkpoint_dir
 
@@ -71,3 +71,14 @@ def test_run_trains_and_scores_both_arms_at_each_mark_once(tmp_path):
     checkpointer.close()
     bench.main(run, feature_extractor_factory=tiny_extractor)  # a rerun does only what is missing: nothing
     assert len(bench.read_rows(tmp_path / "out" / "finetune.jsonl")) == 4
+
+
+def test_each_arm_starts_as_its_name_says(tmp_path):
+    bench = load_benchmark("finetune")
+    configs = {arm: bench.arm_config(arm, tmp_path, 300, ["train.max_steps=10"]) for arm in bench.ARMS}
+    assert configs["scratch"].init.source == "" and configs["finetuned"].init.source == bench.SOURCE
+    assert [(c.init.normalizer, c.init.new_classes) for c in configs.values()] == [
+        ("keep", "null"), ("keep", "null"), ("adapt", "null"), ("keep", "mean")]
+    # Everything else is the same: the arms differ in how they start, not in how they train.
+    assert len({(c.train, c.data, c.model) for c in configs.values()}) == 1
+    assert configs["finetuned"].train.lr_decay_steps == 300 and configs["finetuned"].data.val_fraction == 0.0
