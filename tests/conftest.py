@@ -25,6 +25,9 @@ if "DDIM_DATA_CACHE" not in os.environ:
 from ddim import runtime  # noqa: E402  (after the variables: ddim sets JAX's flags on import)
 
 runtime.enable_compilation_cache()
+# The allocator setting that each `ddim` command would otherwise restart itself to get (a second interpreter
+# start, about 0.35 s on two cores): the suite's many CLI subprocesses start with it.
+os.environ.update(runtime.fast_allocator_environment())
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -57,6 +60,24 @@ def run_once(fn, *args):
     from ddim import runtime
 
     return runtime.compile_for_one_call(jax.jit(fn), *args)(*args)
+
+
+def normal(seed: int, shape, scale: float = 1.0):
+    """A float32 array of normal draws (times ``scale``) from NumPy's generator ``seed``: test inputs without
+    ``jax.random``, whose threefry program compiles anew for every shape when called outside a jit (2-5 s each
+    on two cores)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def uniform(seed: int, shape):
+    """A float32 array of draws uniform in [0, 1) from NumPy's generator ``seed`` (see :func:`normal`)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    return jnp.asarray(np.random.default_rng(seed).uniform(size=shape), jnp.float32)
 
 
 def tiny_config(*overrides: str):

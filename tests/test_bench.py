@@ -234,6 +234,7 @@ def test_the_serve_benchmark_picks_a_bundled_model_with_pretrained():
     assert serve.model_options("runs/flowers32/checkpoints/10220") == ["--checkpoint", "runs/flowers32/checkpoints/10220"]
 
 
+@pytest.mark.slow  # four whole `ddim sample` processes
 def test_cli_timing_times_whole_sample_commands_of_a_bundled_model(trained_workdir, tmp_path, monkeypatch):
     cli_timing = load_benchmark("cli_timing")
     name = bundle(trained_workdir, tmp_path, monkeypatch)

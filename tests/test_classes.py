@@ -16,7 +16,7 @@ from ddim.nn import ClassEmbedding
 from ddim.sampling import Pipeline
 from ddim.spec import SamplingSpec
 from ddim.train import state as state_lib
-from tests.conftest import CONFIGS, run_once, tiny_config
+from tests.conftest import CONFIGS, normal, run_once, tiny_config
 from tests.image_folders import write_plain_folder
 
 NAMES = ("pink primrose", "sunflower", "daisy")
@@ -34,7 +34,7 @@ def pipe():
     variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
     # Non-zero head and class vectors, so the output depends on the class.
     params = jax.tree_util.tree_map_with_path(
-        lambda p, x: x + 0.2 * jax.random.normal(jax.random.key(len(jax.tree_util.keystr(p))), x.shape)
+        lambda p, x: x + normal(len(jax.tree_util.keystr(p)), x.shape, 0.2)
         if "head" in jax.tree_util.keystr(p) or "classes" in jax.tree_util.keystr(p) else x,
         variables["params"])
     return Pipeline(config, {**variables, "params": params})
@@ -71,7 +71,7 @@ def test_classes_are_drawn_as_the_data_has_them(pipe):
 
 def test_guidance_one_is_the_conditional_prediction_and_zero_the_unconditional(pipe):
     model, variables = pipe.model, pipe.variables
-    x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+    x = normal(1, (2, 16, 16, 3))
     rates = jnp.full((2, 1, 1, 1), 0.6), jnp.full((2, 1, 1, 1), 0.8)
     labels = jnp.array([1, 2])
 
@@ -100,7 +100,7 @@ def test_a_mix_of_two_classes_is_each_class_at_weights_zero_and_one(pipe):
 
 def test_the_network_sees_a_mix_at_its_ends_as_the_pure_classes_also_when_guided(pipe):
     model, variables = pipe.model, pipe.variables
-    x = jax.random.normal(jax.random.key(2), (2, 16, 16, 3))
+    x = normal(2, (2, 16, 16, 3))
     rates = jnp.full((2, 1, 1, 1), 0.6), jnp.full((2, 1, 1, 1), 0.8)
     start, end = jnp.array([0, 1]), jnp.array([2, 2])
 
@@ -189,9 +189,9 @@ def adm():
     model = DiffusionModel(config.model)
     variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
     params = jax.tree_util.tree_map_with_path(
-        lambda p, x: x + 0.2 * jax.random.normal(jax.random.key(3), x.shape)
+        lambda p, x: x + normal(3, x.shape, 0.2)
         if "head" in jax.tree_util.keystr(p) or "scale_shift" in jax.tree_util.keystr(p) else x, variables["params"])
-    x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+    x = normal(1, (2, 16, 16, 3))
     rates = jnp.full((2, 1, 1, 1), 0.6), jnp.full((2, 1, 1, 1), 0.8)
 
     def denoise(cond):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ddim import diffusion
+from tests.conftest import normal
 
 
 def test_schedule_rates_are_on_the_unit_circle_and_hit_the_end_points():
@@ -27,8 +28,7 @@ def test_schedule_is_linear_in_angle():
 
 
 def _data(seed=0, shape=(4, 8, 8, 3)):
-    k1, k2 = jax.random.split(jax.random.key(seed))
-    return jax.random.normal(k1, shape), jax.random.normal(k2, shape)
+    return normal(2 * seed, shape), normal(2 * seed + 1, shape)
 
 
 def test_predicted_images_invert_the_forward_process():
@@ -73,7 +73,7 @@ def test_sigma_is_zero_for_eta_zero_and_the_ddpm_posterior_for_eta_one():
 def test_stochastic_step_keeps_the_marginal_noise_level():
     """DDIM eq. 12: direction^2 + sigma^2 = 1 - a_{t-1}, so the total noise variance is unchanged."""
     images, noises = _data(2, (20000,))
-    fresh = jax.random.normal(jax.random.key(3), (20000,))
+    fresh = normal(3, (20000,))
     noise, signal = diffusion.cosine_schedule(jnp.float32(0.6))
     next_noise, next_signal = diffusion.cosine_schedule(jnp.float32(0.4))
     sigma = diffusion.ddim_sigma(noise, signal, next_noise, next_signal, 1.0)

@@ -380,6 +380,7 @@ def _kill_during_a_save(process: subprocess.Popen, checkpoints: Path, timeout: f
     pytest.fail(f"no save to interrupt (exit {process.wait()}): {process.stderr.read()[-2000:]}")
 
 
+@pytest.mark.slow  # a worker process killed mid-save, then the resume: about 30 s on two cores
 def test_kill_9_during_a_save_resumes_to_bit_identical_parameters(trained_workdir, tmp_path):
     workdir = tmp_path / "killed"
     # Every step is saved, so the kill lands in a save well before the end (step 6, as trained_workdir).

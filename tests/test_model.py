@@ -10,7 +10,7 @@ from ddim.model import DiffusionModel, init_variables
 from ddim.nn import ResidualBlock, UNet, sinusoidal_embedding
 from ddim.sampling import generate_fn, process
 from ddim.spec import SamplingSpec
-from tests.conftest import run_once, tiny_config
+from tests.conftest import normal, run_once, tiny_config, uniform
 
 TINY_MODEL = ModelConfig(image_size=16, widths=(8, 16), block_depth=1, embedding_dims=8)
 
@@ -28,7 +28,7 @@ def test_sinusoidal_embedding_layout():
 @pytest.mark.parametrize("in_width,width", [(8, 8), (8, 12)])
 def test_residual_block_shapes_and_skip(in_width, width):
     block = ResidualBlock(width)
-    x = jax.random.normal(jax.random.key(0), (2, 8, 8, in_width))
+    x = normal(0, (2, 8, 8, in_width))
     variables = run_once(lambda k, x: block.init(k, x, train=True), jax.random.key(1), x)
     y, updates = run_once(lambda v, x: block.apply(v, x, train=True, mutable=["batch_stats"]), variables, x)
     assert y.shape == (2, 8, 8, width) and y.dtype == jnp.float32
@@ -40,7 +40,7 @@ def test_residual_block_shapes_and_skip(in_width, width):
 
 def test_unet_output_shape_and_zero_initialised_head():
     net = UNet(ModelConfig(widths=(8, 16, 24), block_depth=2, embedding_dims=8))
-    x = jax.random.normal(jax.random.key(0), (3, 16, 16, 3))
+    x = normal(0, (3, 16, 16, 3))
     variances = jnp.full((3, 1, 1, 1), 0.3)
     variables = run_once(lambda k: net.init(k, x, variances, train=True), jax.random.key(1))
     np.testing.assert_array_equal(variables["params"]["head"]["kernel"], 0.0)
@@ -61,7 +61,7 @@ def test_keras_reference_parameter_count():
 def test_diffusion_model_forward_outputs():
     model = DiffusionModel(TINY_MODEL)
     variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
-    images = jax.random.uniform(jax.random.key(1), (4, 16, 16, 3))
+    images = uniform(1, (4, 16, 16, 3))
     (batch, outputs), updates = run_once(
         lambda v, x, k: model.apply(v, x, k, train=True, mutable=["batch_stats"]), variables, images, jax.random.key(2)
     )
@@ -85,7 +85,7 @@ def tiny_model_and_variables():
     variables = run_once(lambda k: init_variables(model, k), jax.random.key(0))
     # Make the head non-zero so generation depends on the network, and set image statistics.
     params = jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.random.normal(jax.random.key(len(path)), x.shape) * 0.05 if "head" in str(path) else x,
+        lambda path, x: normal(len(path), x.shape, 0.05) if "head" in str(path) else x,
         variables["params"],
     )
     stats = dict(variables["batch_stats"])
@@ -107,7 +107,7 @@ def test_generate_shape_range_and_determinism(tiny_model_and_variables):
 
 def test_generate_eta_zero_ignores_fresh_noise_and_eta_positive_uses_it(tiny_model_and_variables):
     model, variables = tiny_model_and_variables
-    noise = jax.random.normal(jax.random.key(5), (2, 16, 16, 3))
+    noise = normal(5, (2, 16, 16, 3))
 
     @jax.jit
     def run_jit(key, eta):

@@ -34,6 +34,7 @@ def parse(code, stdout, stderr):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.slow  # two worker processes, about 25 s on two cores
 def test_one_and_four_devices_train_the_same_function():
     one = run_worker("step", {}, devices=1)
     four = run_worker("step", {}, devices=4)

@@ -70,6 +70,7 @@ def test_a_bundled_models_samples_are_flowers_not_noise(name, fid_extractor, tmp
 
 
 @needs_flowers
+@pytest.mark.slow  # the check's negative control (about 20 s); the default run keeps the positive case
 def test_the_check_fails_for_a_model_whose_samples_are_noise(trained_workdir, fid_extractor, tmp_path, monkeypatch):
     """The tiny checkpoint (6 steps on random mock images) exported as a bundled model makes noise."""
     export_checkpoint(trained_workdir, "noise16", root=tmp_path / "bundles")

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from ddim import objective as objective_lib
+from ddim import runtime
 from ddim.config import ConfigError
 from ddim.model import DiffusionModel, init_variables
 from ddim.objective import NoisyBatch, Objective
 from ddim.sampling import process
 from ddim.spec import SamplingSpec
 from ddim.train import state as state_lib
-from tests.conftest import run_once, tiny_config
+from tests.conftest import run_once, tiny_config, uniform
 
 # Every option, in two tiny runs (one compile each: the suite's time is CI's budget): the first has every
 # option that changes the network or the objective, the second the remaining values of each.
@@ -39,6 +40,8 @@ def _steps(config, count=3):
     state = state_lib.create_train_state(config, jax.random.key(0))
     objective = Objective.of(config.model, config)
     step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True, objective=objective))
+    # Compiled the cheap way (LLVM optimisations off): a few steps of a tiny model, where compiling dominates.
+    step = runtime.compile_for_one_call(step, state, _batch(config, seed=0), jax.random.key(1))
     metrics = []
     for i in range(count):
         state, m = step(state, _batch(config, seed=i), jax.random.key(1))
@@ -151,7 +154,8 @@ def test_options_train_sample_and_round_trip_through_a_checkpoint(options, tmp_p
     loaded = load_ema(tmp_path)
     assert loaded.config == config
     model = DiffusionModel(loaded.config.model)
-    images = process.generate(model, loaded.variables, jax.random.key(0), 2, SamplingSpec(steps=2))
+    images = run_once(lambda variables, key: process.generate(model, variables, key, 2, SamplingSpec(steps=2)),
+                      loaded.variables, jax.random.key(0))
     assert images.shape == (2, 16, 16, 3) and bool(jnp.isfinite(images).all())
 
 
@@ -160,7 +164,7 @@ def test_attention_and_every_block_start_as_the_plain_network():
     """Zero-initialised projections: a new option leaves the untrained network's output unchanged."""
     plain, extended = tiny_config(), tiny_config("model.attention_resolutions=[8, 16]",
                                                 'model.embedding_injection="every-block"')
-    x = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3))
+    x = uniform(1, (2, 16, 16, 3))
     outputs = []
     for config in (plain, extended):
         model = DiffusionModel(config.model)

@@ -12,6 +12,7 @@ from ddim.config import ModelConfig
 from ddim.model import DiffusionModel, init_variables
 from ddim.sampling import process
 from ddim.spec import SamplingSpec
+from tests.conftest import normal
 
 MIN_SIGNAL, MAX_SIGNAL = 0.02, 0.95
 
@@ -105,7 +106,7 @@ def test_every_sampler_is_exact_when_the_data_is_one_point(spacing):
         pred_noises = (x - signal_rates * x0) / noise_rates
         return pred_noises, diffusion.predict_images(x, pred_noises, noise_rates, signal_rates)
 
-    noise = jax.random.normal(jax.random.key(0), x0.shape)
+    noise = normal(0, x0.shape)
     for name in samplers.SAMPLERS:
         images, _ = run_sampler(denoise, noise, name, spacing, 5)
         np.testing.assert_allclose(images, x0, atol=1e-5, err_msg=name)
@@ -132,7 +133,7 @@ def exact_gaussian_sample(noise, end_time):
 
 @functools.cache
 def gaussian_errors(name, spacing, steps=(16, 32, 64)):
-    noise = jax.random.normal(jax.random.key(0), (512,))
+    noise = normal(0, (512,))
     errors = []
     for count in steps:
         images, g = run_sampler(gaussian_denoise, noise, name, spacing, count)
@@ -167,7 +168,7 @@ def test_higher_order_samplers_are_closer_at_the_same_step_count():
 
 @pytest.mark.slow
 def test_stochastic_ddim_needs_an_rng_and_deterministic_samplers_ignore_eta():
-    noise = jax.random.normal(jax.random.key(0), (64,))
+    noise = normal(0, (64,))
     g = grid("logsnr", 4)
     with pytest.raises(ValueError, match="needs an rng"):
         samplers.run(gaussian_denoise, schedule, noise, g, "ddim", eta=1.0)
@@ -178,7 +179,7 @@ def test_stochastic_ddim_needs_an_rng_and_deterministic_samplers_ignore_eta():
 
 @pytest.mark.slow
 def test_trajectory_holds_every_steps_prediction_and_the_hook_sees_every_state():
-    noise = jax.random.normal(jax.random.key(0), (8,))
+    noise = normal(0, (8,))
     seen = []
 
     def hook(step, x, rates):
@@ -203,7 +204,7 @@ def test_default_sampler_gives_the_same_bits_as_the_ddim_loop_before_samplers():
     config = ModelConfig(image_size=16, widths=(8, 16), block_depth=1, embedding_dims=8)
     model, legacy = DiffusionModel(config), LegacyDiffusionModel(config)
     variables = init_variables(model, jax.random.key(0))
-    params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape), variables["params"])
+    params = jax.tree.map(lambda x: x + normal(1, x.shape, 0.05), variables["params"])
     variables = {**variables, "params": params}
 
     @jax.jit

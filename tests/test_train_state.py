@@ -10,7 +10,7 @@ from tests.conftest import tiny_config
 
 
 def _images(seed, n=8, size=16):
-    return np.asarray(jax.random.randint(jax.random.key(seed), (n, size, size, 3), 0, 256), np.uint8)
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
 
 
 def _batch(images):
