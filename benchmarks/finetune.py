@@ -145,7 +145,8 @@ def run(args, feature_extractor_factory=None) -> None:
                 steps = steps_at(minutes, args.step_seconds)
                 config = arm_config(arm, train_dir, total, [f"train.max_steps={steps}", *args.set])
                 log(f"{workdir.name}: training to step {steps} ({minutes:g} min at {args.step_seconds:g} s a step)")
-                train(config, workdir, log=lambda message: None)
+                if train(config, workdir, log=lambda message: None).interrupted:  # Ctrl-C: a checkpoint was saved
+                    raise SystemExit(f"{workdir.name}: stopped before step {steps}; run the same command to go on")
                 step_dir = workdir / "checkpoints" / str(steps)
                 request = EvalRequest(step_dir, num=args.num, spec=SamplingSpec(steps=20), seed=0, split="all",
                                       image_dir=data / "test", workdir=out / "eval", kid_subset_size=min(args.num, 1000))
@@ -153,7 +154,8 @@ def run(args, feature_extractor_factory=None) -> None:
                                   show_progress=False)
                 row = {**key, "step": steps, "images_seen": steps * config.train.batch_size,
                        "train_images": sum(1 for p in train_dir.rglob("*.png")),
-                       **{k: record.get(k) for k in ("fid", "kid", "class_accuracy", "real_class_accuracy", "num",
+                       "kid": record.get("kid_mean"),
+                       **{k: record.get(k) for k in ("fid", "kid_std", "class_accuracy", "real_class_accuracy", "num",
                                                      "real_num", "steps", "sampler", "guidance")}}
                 with open(results, "a") as f:
                     f.write(json.dumps(row) + "\n")

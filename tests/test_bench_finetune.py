@@ -62,7 +62,7 @@ def test_run_trains_and_scores_both_arms_at_each_mark_once(tmp_path):
     rows = bench.read_rows(tmp_path / "out" / "finetune.jsonl")
     assert [(r["arm"], r["minutes"], r["step"]) for r in rows] == [("scratch", 1, 1), ("finetuned", 1, 1),
                                                                    ("scratch", 2, 2), ("finetuned", 2, 2)]
-    assert all(r["fid"] > 0 and r["num"] == 4 and r["real_num"] == 20 and r["train_images"] == 20 for r in rows)
+    assert all(r["fid"] > 0 and r["kid"] is not None and r["num"] == 4 and r["real_num"] == 20 and r["train_images"] == 20 for r in rows)
     from ddim.checkpoint import Checkpointer, checkpoint_dir
 
     checkpointer = Checkpointer(checkpoint_dir(tmp_path / "out" / "finetuned-2"))
