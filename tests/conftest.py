@@ -17,11 +17,11 @@ import pytest
 # subprocesses they start (which read the variable); each program is compiled once per session.
 os.environ["DDIM_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="ddim-test-compilation-cache-")
 atexit.register(shutil.rmtree, os.environ["DDIM_COMPILATION_CACHE"], ignore_errors=True)
-# LLVM's optimisations off for everything this session compiles (and its CLI subprocesses, which inherit the
+# LLVM's optimisations off for everything the test run compiles (and its CLI subprocesses, which inherit the
 # variable), unless XLA_FLAGS already chooses a level: the suite is mostly compiling tiny programs, which this
 # halves (a tiny model's training step 8 -> 4 s on two cores, a jax.random draw 2-5 -> 0.3 s), while the few
 # cases that run a real network (the FID Inception, a bundled model's sampling) run slower. The default run
-# took 713 s against 816 s with the optimisations on, on the same machine, and every test passes either way.
+# took 713 s against 816 s with the optimisations on, on the same 2-core CPU, and every test passes either way.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 # Data caches of calls without a work directory go to a temporary directory, not the user's home.
