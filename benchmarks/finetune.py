@@ -171,7 +171,8 @@ def plot(args) -> None:
     rows = read_rows(Path(args.out) / "finetune.jsonl")
     figure, axis = plt.subplots(figsize=(6, 4))
     for per_class in sorted({row["per_class"] for row in rows}):
-        for arm, style in ((arm, "--" if arm == "scratch" else "-") for arm in ARMS):
+        for arm in ARMS:
+            style = "--" if arm == "scratch" else "-"
             points = sorted((row["minutes"], row["fid"]) for row in rows
                             if row["arm"] == arm and row["per_class"] == per_class)
             if points:
