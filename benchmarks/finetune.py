@@ -25,7 +25,7 @@ the earlier marks are points of the one run. Every arm reaches a mark before any
 stopped benchmark leaves comparable rows. Rows go to ``<out>/finetune.jsonl``; a rerun trains and scores only
 what is missing.
 
-``plot`` draws FID against minutes for every arm (matplotlib: ``pip install -e ".[bench]"``).
+``table`` prints the rows as a Markdown table; ``plot`` draws FID against minutes for every arm (matplotlib: ``pip install -e ".[bench]"``).
 """
 
 from __future__ import annotations
@@ -186,6 +186,19 @@ def plot(args) -> None:
     log(f"wrote {args.png}")
 
 
+def table(args) -> None:
+    """The rows as a Markdown table, by training set, then minutes, then arm (the order of :data:`ARMS`)."""
+    rows = sorted(read_rows(Path(args.out) / "finetune.jsonl"),
+                  key=lambda r: (r["per_class"] == 0, r["minutes"], list(ARMS).index(r["arm"])))
+    print("| training images | minutes | steps | start | FID | KID | class accuracy |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        images = "all 60,000" if r["per_class"] == 0 else f"{r['per_class']} per class"
+        kid = "" if r.get("kid") is None else f"{r['kid']:.4f}"
+        accuracy = "" if r.get("class_accuracy") is None else f"{100 * r['class_accuracy']:.1f} %"
+        print(f"| {images} | {r['minutes']:g} | {r['step']:,} | {r['arm']} | {r['fid']:.1f} | {kid} | {accuracy} |")
+
+
 def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -206,11 +219,15 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     p = commands.add_parser("plot", help="FID against minutes")
     p.add_argument("--out", required=True)
     p.add_argument("--png", required=True)
+    p = commands.add_parser("table", help="the results as a Markdown table")
+    p.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.command == "export":
         export(args)
     elif args.command == "run":
         run(args, feature_extractor_factory)
+    elif args.command == "table":
+        table(args)
     else:
         plot(args)
 

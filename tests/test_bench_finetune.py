@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -82,3 +83,19 @@ def test_each_arm_starts_as_its_name_says(tmp_path):
     # Everything else is the same: the arms differ in how they start, not in how they train.
     assert len({(c.train, c.data, c.model) for c in configs.values()}) == 1
     assert configs["finetuned"].train.lr_decay_steps == 300 and configs["finetuned"].data.val_fraction == 0.0
+
+
+def test_the_table_orders_rows_by_training_set_minutes_and_arm(tmp_path, capsys):
+    bench = load_benchmark("finetune")
+    row = {"step": 411, "kid": 0.0267, "class_accuracy": 0.142, "fid": 56.46}
+    rows = [{**row, "arm": "finetuned", "per_class": 0, "minutes": 10},
+            {**row, "arm": "finetuned", "per_class": 100, "minutes": 30, "step": 1233},
+            {**row, "arm": "finetuned", "per_class": 100, "minutes": 10},
+            {**row, "arm": "scratch", "per_class": 100, "minutes": 10, "kid": None, "class_accuracy": None}]
+    (tmp_path / "finetune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench.main(["table", "--out", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == ["| 100 per class | 10 | 411 | scratch | 56.5 |  |  |",
+                         "| 100 per class | 10 | 411 | finetuned | 56.5 | 0.0267 | 14.2 % |",
+                         "| 100 per class | 30 | 1,233 | finetuned | 56.5 | 0.0267 | 14.2 % |",
+                         "| all 60,000 | 10 | 411 | finetuned | 56.5 | 0.0267 | 14.2 % |"]
