@@ -392,3 +392,20 @@ def test_eval_scores_against_an_image_folder(trained_workdir, tmp_path):
     again = evaluation.evaluate_checkpoint(trained_workdir, **kwargs)
     assert again["real_num"] > result["real_num"]
     assert len(list((out / "eval_cache").glob("real_*.npz"))) == 2 * cached
+
+
+def test_a_copied_or_touched_folder_has_the_same_fingerprint(tmp_path):
+    """The files' new times make the cache decode them again, but the images, and so the fingerprint a resumed run
+    compares, are the same; a changed image changes it."""
+    root = tmp_path / "photos"
+    paths = write_plain_folder(root, 12)
+    config = folder_config(root)
+    first = data.load(config, tmp_path / "run", log=quiet(), show_progress=False)
+    for path in paths:
+        os.utime(root / path, ns=(7, 7))
+    messages = []
+    touched = data.load(config, tmp_path / "run", log=messages.append, show_progress=False)
+    assert any("decoding 12 of 12 images" in m for m in messages)
+    assert touched.fingerprint == first.fingerprint
+    Image.fromarray(np.full((24, 24, 3), 9, np.uint8)).save(root / paths[3])
+    assert data.load(config, tmp_path / "run", log=quiet(), show_progress=False).fingerprint != first.fingerprint

@@ -17,6 +17,7 @@ others from the previous cache.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections import Counter
@@ -120,8 +121,6 @@ def class_of(relative_path: str) -> str | None:
 
 def fingerprint(scan: Scan, settings: DecodeSettings) -> str:
     """Hash of the file list (paths, sizes, mtimes) and the decode settings: the cache's validity key."""
-    import hashlib
-
     h = hashlib.sha256(repr(sorted(settings.key().items())).encode())
     for path, size, mtime in scan.files:
         h.update(f"{path}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
@@ -312,11 +311,13 @@ def _build(directory, root, scan, settings, current, old_index, old_files, worke
     paths = [path for path, _, _ in scan.files]
     class_names, labels = _labels(paths)
     skipped = _skipped(paths, results, scan)
+    scores = np.array([validation_score(path) for path in paths], np.float64)
     seconds = time.perf_counter() - started
     index = writer.finish(
         {
             "source": {"kind": "folder", "root": str(root)},
             "fingerprint": current,
+            "content": _content_digest(writer.images_path, usable, labels, scores),
             "settings": settings.key(),
             "class_names": class_names,
             "skipped": skipped,
@@ -324,13 +325,26 @@ def _build(directory, root, scan, settings, current, old_index, old_files, worke
             "unlisted": len(scan.unreadable),
             "build": _build_stats(len(tasks), len(reuse), seconds),
         },
-        {"label": labels, "width": results.widths, "height": results.heights, "usable": usable,
-         "score": np.array([validation_score(path) for path in paths], np.float64)},
+        {"label": labels, "width": results.widths, "height": results.heights, "usable": usable, "score": scores},
         files=[[path, size, mtime] for path, size, mtime in scan.files],
     )
     rate = f" ({len(tasks) / seconds:,.0f} images/s)" if tasks and seconds > 0 else ""
     log(f"data cache: {int(usable.sum()):,} usable images, {len(skipped):,} skipped, built in {seconds:.1f}s{rate}")
     return index
+
+
+def _content_digest(images_path: Path, usable: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> str:
+    """Hash of what training reads: the decoded pixels, which rows are usable, their labels and split scores.
+
+    Unlike :func:`fingerprint` (file metadata, cheap to check before decoding), it stays the same when a folder
+    is copied or touched without changing its images, so a resumed run does not warn that its data changed."""
+    h = hashlib.sha256()
+    with open(images_path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 24), b""):
+            h.update(block)
+    for array in (usable, labels, scores):
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:24]
 
 
 def _copy_rows(directory: Path, old_index: dict, writer: cache_lib.EntryWriter, pairs) -> None:

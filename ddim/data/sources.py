@@ -130,7 +130,8 @@ def _load_folder(config: Config, root: Path, log, progress) -> Data:
     rows = _load_rows(directory, index)
     usable, score = rows["usable"], rows["score"]
     fraction = config.data.val_fraction
-    fingerprint = f"{index['fingerprint']}-{fraction!r}"
+    # The images' content where the cache knows it (an entry built before it was recorded: the files' metadata).
+    fingerprint = f"{index.get('content') or index['fingerprint']}-{fraction!r}"
     skipped = index.get("skipped", [])
     if built:  # once, when the files are decoded
         _warn_skipped(image_dir, skipped, log)
