@@ -12,7 +12,7 @@ folders by class at 32x32 (bilinear from 28x28, grayscale PNGs that training rea
 ``run`` trains the arms with ``configs/finetune32.toml`` (the same settings: flowers32's network and recipe)
 on each training folder (``--per-class 0`` is all images), ``scratch`` from random weights and ``finetuned``
 from ``pretrained:flowers32`` (``ddim train --init``); ``--arms`` adds fine-tunes that start differently
-(:data:`ARMS`: the input normaliser adapted, new classes at the mean class vector or at random vectors), and scores each at
+(:data:`ARMS`: the input normaliser adapted, new classes as the null class or at the mean class vector), and scores each at
 ``--minutes`` of training: FID and KID
 with the standard FID Inception against all 10,000 test images, and class accuracy (a classifier on the FID
 features of the test images), ``--num`` samples of 20 DDIM steps on the uniform grid, guidance 1, seed 0. A
@@ -59,13 +59,14 @@ ddim eval; a checkpoint is kept at every mark."""
 ARMS = {
     "scratch": (None, []),
     "finetuned": (SOURCE, []),
-    "finetuned-adapt": (SOURCE, ['init.normalizer="adapt"']),
+    "finetuned-null": (SOURCE, ['init.new_classes="null"']),
     "finetuned-mean": (SOURCE, ['init.new_classes="mean"']),
-    "finetuned-random": (SOURCE, ['init.new_classes="random"']),
+    "finetuned-adapt": (SOURCE, ['init.new_classes="null"', 'init.normalizer="adapt"']),
 }
 """Each arm's source and settings: from random weights, the fine-tune at ddim's defaults (the source's input
-normaliser kept, a new class starting as the source's null class), and fine-tunes that differ from it in one
-choice of ``[init]``."""
+normaliser kept, a new class starting at a random vector of its own), fine-tunes whose new classes start
+otherwise, and one that adapts the input normaliser, to compare with ``finetuned-null`` (it was measured before
+new classes started at random by default)."""
 
 
 def read_idx(path: Path) -> np.ndarray:

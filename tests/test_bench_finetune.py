@@ -79,7 +79,7 @@ def test_each_arm_starts_as_its_name_says(tmp_path):
     configs = {arm: bench.arm_config(arm, tmp_path, 300, ["train.max_steps=10"]) for arm in bench.ARMS}
     assert configs["scratch"].init.source == "" and configs["finetuned"].init.source == bench.SOURCE
     assert [(c.init.normalizer, c.init.new_classes) for c in configs.values()] == [
-        ("keep", "null"), ("keep", "null"), ("adapt", "null"), ("keep", "mean"), ("keep", "random")]
+        ("keep", "random"), ("keep", "random"), ("keep", "null"), ("keep", "mean"), ("adapt", "null")]
     # Everything else is the same: the arms differ in how they start, not in how they train.
     assert len({(c.train, c.data, c.model) for c in configs.values()}) == 1
     assert configs["finetuned"].train.lr_decay_steps == 300 and configs["finetuned"].data.val_fraction == 0.0

@@ -140,9 +140,10 @@ def test_resume_wins_over_init(trained_workdir, tmp_path):
     checkpointer.close()
 
 
-def test_classes_map_by_name_and_new_classes_start_as_the_null_class(conditional_workdir, tmp_path):
+def test_classes_map_by_name_and_new_classes_start_at_random_vectors(conditional_workdir, tmp_path):
     source = ddim.load(conditional_workdir)
     config = finetune_config(conditional_workdir, *folder(tmp_path / "images", ("sunflower", "tulip", "daisy")))
+    assert config.init.new_classes == "random"  # the default
     run = first_state(config, tmp_path / "tuned")
     assert run.config.model.class_names == ("daisy", "sunflower", "tulip")  # a folder's classes, sorted
     old, new = class_table(source.variables), class_table(ema_variables(run.state))
@@ -150,29 +151,32 @@ def test_classes_map_by_name_and_new_classes_start_as_the_null_class(conditional
     assert set(CONDITIONAL_CLASSES) == set(index) and (index["daisy"], index["sunflower"]) != (0, 1)
     np.testing.assert_array_equal(new[0], old[index["daisy"]])
     np.testing.assert_array_equal(new[1], old[index["sunflower"]])
-    np.testing.assert_array_equal(new[2], old[-1])  # tulip: unknown to the source, starts as its null class
     np.testing.assert_array_equal(new[-1], old[-1])
-    # A known class samples as in the source, the new one as the source's unconditional model.
+    # tulip, unknown to the source: a vector of its own, unlike every vector the source has.
+    assert not any(np.allclose(new[2], row) for row in old) and not np.allclose(new[2], old[:-1].mean(0))
+    # A known class samples as in the source.
     tuned = ddim.Pipeline(run.config, ema_variables(run.state))
     np.testing.assert_array_equal(tuned.generate(2, steps=2, seed=0, classes=["sunflower"]),
                                   source.generate(2, steps=2, seed=0, classes=["sunflower"]))
-    null = {"label": np.full((2,), -1, np.int32)}
-    np.testing.assert_array_equal(tuned.generate(2, steps=2, seed=0, classes=["tulip"]),
-                                  source.generate(2, steps=2, seed=0, cond=null))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("choice", ["mean", "random"])
-def test_new_classes_can_start_from_the_mean_or_at_random(conditional_workdir, tmp_path, choice):
+@pytest.mark.parametrize("choice", ["null", "mean"])
+def test_new_classes_can_start_as_the_null_class_or_the_mean(conditional_workdir, tmp_path, choice):
+    source = ddim.load(conditional_workdir)
     config = finetune_config(conditional_workdir, *folder(tmp_path / "images", ("tulip", "daisy")),
                              f'init.new_classes="{choice}"')
     run = first_state(config, tmp_path / "tuned")
     tulip = class_table(ema_variables(run.state))[run.config.model.class_names.index("tulip")]
-    old = class_table(ddim.load(conditional_workdir).variables)
+    old = class_table(source.variables)
     if choice == "mean":
         np.testing.assert_allclose(tulip, old[:-1].mean(0), rtol=1e-6)
-    else:
-        assert not np.allclose(tulip, old[-1]) and not np.allclose(tulip, old[:-1].mean(0))
+    else:  # the source's null class: the new class samples as the source's unconditional model
+        np.testing.assert_array_equal(tulip, old[-1])
+        tuned = ddim.Pipeline(run.config, ema_variables(run.state))
+        null = {"label": np.full((2,), -1, np.int32)}
+        np.testing.assert_array_equal(tuned.generate(2, steps=2, seed=0, classes=["tulip"]),
+                                      source.generate(2, steps=2, seed=0, cond=null))
 
 
 @pytest.mark.slow
@@ -191,7 +195,7 @@ def test_a_class_conditional_source_on_images_without_classes_trains_through_its
 
 def test_an_unconditional_source_on_images_by_class_gets_a_class_embedding(trained_workdir, tmp_path):
     config = finetune_config(trained_workdir, *folder(tmp_path / "images", ("cats", "owls")),
-                             "model.class_conditional=true")
+                             "model.class_conditional=true", 'init.new_classes="null"')
     run = first_state(config, tmp_path / "tuned")
     table = class_table(ema_variables(run.state))
     assert table.shape[0] == 3 and not table.any()  # zero vectors: every class starts as the source
