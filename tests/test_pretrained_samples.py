@@ -1,14 +1,15 @@
 """Every model bundled in ddim/pretrained/ makes flowers, not noise (by the standard FID Inception's features).
 
 A bundled model's samples must be much nearer real Oxford Flowers images than uniform noise is: the mean
-pool feature of 16 samples (20 steps, or a student's own count, seed 0) at most half as far from that of 64 real images of the
-model's size as the mean feature of 16 uniform-noise images. The check runs in a process of its own with XLA's
-usual optimisation: the test run switches LLVM's optimisations off (tests/conftest.py), which makes this check
-of a real network 1.5 times slower (flowers64: 90 s against 59 s on two cores). Measured on the Keras recipe at 32x32 after
-1,000 training steps (FID 92.6), the ratio is 0.38-0.45 over seeds 0-4; a randomly initialised network
-gives 1.04, a grey image 0.98. One case per bundled model (flowers64, flowers32); the negative case
-shows the check fails for a model whose samples are noise. Needs the FID Inception's weights
-($DDIM_FID_WEIGHTS, as .ci/run provides them) and the prepared Flowers copy ($TFDS_DATA_DIR), else skipped.
+pool feature of 16 samples (20 steps, or a student's own count, seed 0) at most half as far from that of 64 real
+images of the model's size as the mean feature of 16 uniform-noise images. The check runs in a process of its
+own with XLA's usual optimisation: the test run switches LLVM's optimisations off (tests/conftest.py), which
+makes this check of a real network 1.5 times slower (flowers64: 90 s against 59 s on two cores). Measured on
+the Keras recipe at 32x32 after 1,000 training steps (FID 92.6), the ratio is 0.38-0.45 over seeds 0-4; a
+randomly initialised network gives 1.04, a grey image 0.98. One case per bundled model (flowers64, flowers32);
+the negative case shows the same check fails for a model whose samples are noise. Needs the FID Inception's
+weights ($DDIM_FID_WEIGHTS, as .ci/run provides them) and the prepared Flowers copy ($TFDS_DATA_DIR), else
+skipped.
 """
 
 from __future__ import annotations
@@ -33,13 +34,6 @@ FACTOR = 2.0
 """How many times nearer the real images' mean feature the samples' must be than uniform noise's."""
 
 needs_flowers = pytest.mark.skipif(real_data_dir() is None, reason=NO_FLOWERS)
-
-
-@pytest.fixture(scope="module")
-def fid_extractor(standard_weights):  # noqa: F811
-    from ddim.evaluation.fid_inception import FIDInceptionExtractor
-
-    return FIDInceptionExtractor.from_file(standard_weights, batch_size=16)
 
 
 def real_flowers(config, cache_dir) -> np.ndarray:
@@ -72,10 +66,6 @@ def distances_in_a_process_of_its_own(name: str, weights, cache_dir) -> tuple[fl
     return samples, noise
 
 
-def check_not_noise(pipe, extractor, cache_dir) -> None:
-    assert_flowers(str(pipe.path), *mean_feature_distances(pipe, extractor, cache_dir))
-
-
 def assert_flowers(model: str, samples: float, noise: float) -> None:
     assert samples * FACTOR < noise, (
         f"{model}: the mean FID feature of its samples is {samples:.2f} from real Flowers', not under "
@@ -93,12 +83,13 @@ def test_a_bundled_models_samples_are_flowers_not_noise(name, standard_weights, 
 
 @needs_flowers
 @pytest.mark.slow  # the check's negative control (about 20 s); the default run keeps the positive case
-def test_the_check_fails_for_a_model_whose_samples_are_noise(trained_workdir, fid_extractor, tmp_path, monkeypatch):
+def test_the_check_fails_for_a_model_whose_samples_are_noise(trained_workdir, standard_weights, tmp_path,  # noqa: F811
+                                                             monkeypatch):
     """The tiny checkpoint (6 steps on random mock images) exported as a bundled model makes noise."""
     export_checkpoint(trained_workdir, "noise16", root=tmp_path / "bundles")
-    monkeypatch.setenv(ENV, str(tmp_path / "bundles"))
+    monkeypatch.setenv(ENV, str(tmp_path / "bundles"))  # the check's process inherits it
     with pytest.raises(AssertionError, match="its samples are not flowers"):
-        check_not_noise(ddim.load("pretrained:noise16"), fid_extractor, tmp_path)
+        assert_flowers("noise16", *distances_in_a_process_of_its_own("noise16", standard_weights, tmp_path))
 
 
 if __name__ == "__main__":
