@@ -35,7 +35,7 @@ KERAS_LINE = re.compile(r"^keras(?: xla)? (?P<size>\d+)px b(?P<batch>\d+) step (
 sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
-from ddim import runtime  # noqa: E402
+from ddim import onednn, runtime  # noqa: E402
 
 if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
@@ -45,11 +45,23 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def flops_of(compiled) -> float | None:
-    analysis = compiled.cost_analysis()
+def flops_of(program) -> float | None:
+    """XLA's FLOP count of a lowered or compiled program (None where the backend gives none)."""
+    analysis = program.cost_analysis()
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
     return float(analysis["flops"]) if analysis and "flops" in analysis else None
+
+
+def flops_with_xla_convolutions(jitted, *args) -> float | None:
+    """FLOPs of ``jitted(*args)`` traced with XLA's convolutions (XLA counts no FLOPs in a custom call, such as
+    the oneDNN convolutions of ddim/onednn.py); the traces are dropped before and after, so nothing else runs them."""
+    jitted.clear_cache()
+    try:
+        with onednn.disabled():
+            return flops_of(jitted.lower(*args))
+    finally:
+        jitted.clear_cache()
 
 
 def matmul_peak_gflops(size: int = 4096, repeats: int = 5) -> float:
@@ -88,7 +100,7 @@ def bench_training(config, windows: int, window_steps: int) -> dict:
     start = time.perf_counter()
     compiled = step_fn.lower(state, batches[0], rng).compile()
     compile_seconds = time.perf_counter() - start
-    flops = flops_of(compiled)
+    flops = flops_with_xla_convolutions(step_fn, state, batches[0], rng)
     state, metrics = compiled(state, batches[0], rng)  # warm-up step
     jax.block_until_ready(metrics)
 
@@ -144,11 +156,11 @@ def bench_sampling(config, state, num_images: int, steps: int, repeats: int) -> 
     seconds = statistics.median(times)
     # FLOPs of one network evaluation at the sampling batch size (one DDIM step).
     images = jnp.zeros((num_images, *model.image_shape))
-    step_cost = jax.jit(
+    step = jax.jit(
         lambda v, x: model.apply(v, x, jnp.full((num_images, 1, 1, 1), 0.5), jnp.full((num_images, 1, 1, 1), 0.5),
                                  train=False, method=DiffusionModel.denoise)
-    ).lower(variables, images).compile()
-    step_flops = flops_of(step_cost)
+    )
+    step_flops = flops_with_xla_convolutions(step, variables, images)
     return {
         "sample_num_images": num_images,
         "sample_steps": steps,

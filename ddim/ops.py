@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ddim import onednn
+
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
 
@@ -27,6 +29,10 @@ def conv2d(x, kernel):
         weights = kernel[0, 0]
         flat = x.reshape(-1, x.shape[-1]) @ weights
         return flat.reshape(x.shape[:-1] + (weights.shape[-1],))
+    if onednn.applies(x, kernel):
+        # On a CPU, oneDNN's kernels (above all the weight gradient's) beat XLA's Eigen ones: a flowers64
+        # 64x64, 32-channel layer's forward and backward pass in 48 ms against 93 on a 2-core AVX-512 Xeon.
+        return onednn.conv3x3(x, kernel)
     return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=_NHWC)
 
 

@@ -1,0 +1,174 @@
+"""3x3 convolutions on oneDNN's CPU kernels, as XLA custom calls (``ddim/csrc/onednn_conv.cc``).
+
+XLA:CPU runs convolutions on Eigen. On a 2-core AVX-512 Xeon its forward pass and input gradient take 1.3-1.4x
+oneDNN's time, and its weight gradient (a contraction over batch x height x width, after transposing the
+activations to [C, H, W, N]) 3-4x: that is where a CPU training step of the UNet lost to the Keras example's,
+which runs on oneDNN (docs/research/cpu-speed.md). Here the three
+convolutions of a float32 3x3 layer run on oneDNN instead, through the JAX FFI.
+
+The library is compiled with the system's C++ compiler against the oneDNN wheel (``onednn-cpu-gomp`` and its
+headers, ``onednn-devel-cpu-gomp``, installed with ddim on x86-64 Linux) the first time a process needs it,
+into ``~/.cache/ddim/kernels`` (the temporary directory when ``DDIM_COMPILATION_CACHE=off``). Where anything of
+that is missing, :func:`available` says False, why is in :func:`unavailable_reason`, and the network keeps
+XLA's convolutions. ``DDIM_ONEDNN=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "onednn_conv.cc"
+TARGETS = {
+    "ddim_conv3x3_forward": "DdimConv3x3Forward",
+    "ddim_conv3x3_input_gradient": "DdimConv3x3InputGradient",
+    "ddim_conv3x3_weight_gradient": "DdimConv3x3WeightGradient",
+}
+_reason: str | None = None
+_disabled = 0
+
+
+def _prefixes() -> list[Path]:
+    """Where pip puts a wheel's ``data`` files (``lib/``, ``include/``): this environment's prefixes."""
+    found = []
+    for name in ("data", "platbase"):
+        path = sysconfig.get_paths().get(name)
+        if path:
+            found.append(Path(path))
+    found += [Path(sys.prefix), Path(sys.base_prefix)]
+    return list(dict.fromkeys(found))
+
+
+def _find_onednn() -> tuple[Path, Path]:
+    """(include directory, library directory) of the oneDNN wheel; raises FileNotFoundError."""
+    for prefix in _prefixes():
+        include, lib = prefix / "include", prefix / "lib"
+        if (include / "oneapi" / "dnnl" / "dnnl.hpp").is_file() and (lib / "libdnnl.so").exists():
+            return include, lib
+    raise FileNotFoundError("oneDNN not installed (pip install onednn-cpu-gomp onednn-devel-cpu-gomp)")
+
+
+def _cache_dir() -> Path:
+    choice = os.environ.get("DDIM_COMPILATION_CACHE", "")
+    if choice.lower() in ("off", "none", "0"):
+        return Path(tempfile.gettempdir()) / f"ddim-kernels-{os.getuid()}"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ddim" / "kernels"
+
+
+def _build() -> Path:
+    """Compile the library (once per source, JAX and oneDNN version) and return its path."""
+    include, lib = _find_onednn()
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not compiler:
+        raise FileNotFoundError("no C++ compiler (g++) on PATH")
+    source = SOURCE.read_bytes()
+    stamp = hashlib.sha256(source + jax.__version__.encode() + str(lib.resolve()).encode()).hexdigest()[:16]
+    output = _cache_dir() / f"onednn_conv-{stamp}.so"
+    if output.is_file():
+        return output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_suffix(f".{os.getpid()}.tmp")
+    command = [
+        compiler, "-O2", "-std=c++17", "-shared", "-fPIC",
+        f"-I{jax.ffi.include_dir()}", f"-I{include}", str(SOURCE), "-o", str(partial),
+        f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[-500:]}")
+    partial.replace(output)  # atomic: a concurrent process sees the whole file or none
+    return output
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the oneDNN convolutions can run in this process (built and registered on first call)."""
+    global _reason
+    if os.environ.get("DDIM_ONEDNN", "1").lower() in ("0", "false", "no", "off"):
+        _reason = "turned off by DDIM_ONEDNN=0"
+        return False
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        _reason = f"only built on x86-64 Linux (this is {sys.platform} {platform.machine()})"
+        return False
+    try:
+        import ctypes
+
+        library = ctypes.cdll.LoadLibrary(str(_build()))
+        for name, symbol in TARGETS.items():
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    except (OSError, RuntimeError, FileNotFoundError, AttributeError) as error:
+        _reason = str(error)
+        return False
+    return True
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (None when it is True or was not asked yet)."""
+    return _reason
+
+
+@contextlib.contextmanager
+def disabled():
+    """Trace the network with XLA's convolutions inside this block.
+
+    For XLA's cost analysis, which counts no FLOPs in a custom call: the benchmarks count a step's FLOPs on
+    the same step traced this way.
+    """
+    global _disabled
+    _disabled += 1
+    try:
+        yield
+    finally:
+        _disabled -= 1
+
+
+def applies(x, kernel) -> bool:
+    """Whether :func:`conv3x3` serves this convolution: float32, a 3x3 kernel, on the CPU backend."""
+    return (
+        not _disabled
+        and kernel.shape[:2] == (3, 3)
+        and x.dtype == jnp.float32
+        and kernel.dtype == jnp.float32
+        and jax.default_backend() == "cpu"
+        and available()
+    )
+
+
+def _call(target: str, shape, a, b):
+    if not available():  # registers the targets on first use
+        raise RuntimeError(f"oneDNN convolutions unavailable: {unavailable_reason()}")
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, np.float32), vmap_method="sequential")(a, b)
+
+
+@jax.custom_vjp
+def conv3x3(x, kernel):
+    """Stride-1 'SAME' 3x3 convolution of NHWC float32 ``x`` with an HWIO ``kernel``, on oneDNN."""
+    return _call("ddim_conv3x3_forward", x.shape[:3] + kernel.shape[3:], x, kernel)
+
+
+def _forward(x, kernel):
+    return conv3x3(x, kernel), (x, kernel)
+
+
+def _backward(residuals, gradient):
+    x, kernel = residuals
+    input_gradient = _call("ddim_conv3x3_input_gradient", x.shape, gradient, kernel)
+    kernel_gradient = _call("ddim_conv3x3_weight_gradient", kernel.shape, x, gradient)
+    return input_gradient, kernel_gradient
+
+
+conv3x3.defvjp(_forward, _backward)
