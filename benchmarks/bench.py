@@ -252,6 +252,10 @@ def bench_against_keras(config, result: dict, state, time_windows, rounds: int, 
     """Alternate ddim's training windows and the Keras script ``rounds`` times; returns the new state."""
     ddim_rates, keras_runs = [], []
     for _ in range(rounds):
+        # The Keras script times its steps after three warm-up steps; ddim's window gets one untimed window
+        # first too, because a process that sat idle through the Keras run steps slowly at first (at 32x32,
+        # 72 against 118 images/s for the first three steps after 30 idle seconds, XLA's convolutions or not).
+        state, _ = time_windows(state, 1)
         state, seconds = time_windows(state, 1)
         ddim_rates.append(config.train.batch_size / seconds[0])
         keras_runs.append(run_keras_step(script, config.model.image_size))
