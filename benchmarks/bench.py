@@ -64,6 +64,14 @@ def flops_with_xla_convolutions(jitted, *args) -> float | None:
         jitted.clear_cache()
 
 
+def convolution_kernels(backend: str, dtype: str) -> str:
+    if backend != "cpu":
+        return f"xla ({backend})"
+    if dtype != "float32":
+        return f"xla ({dtype})"
+    return "onednn" if onednn.available() else f"xla ({onednn.unavailable_reason()})"
+
+
 def matmul_peak_gflops(size: int = 4096, repeats: int = 5) -> float:
     """fp32 GFLOP/s of a large jitted matmul: the machine's practical compute peak."""
     import jax
@@ -359,6 +367,8 @@ def run(args) -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "model_dtype": config.model.dtype,
+        # Which kernels run the float32 3x3 convolutions: oneDNN's (ddim/onednn.py) or XLA's, and why.
+        "convolutions": convolution_kernels(jax.default_backend(), config.model.dtype),
     }
     result.update(bench_training(config, args.windows, args.window_steps))
     state, time_windows = result.pop("_state"), result.pop("_time_windows")
