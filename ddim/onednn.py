@@ -1,4 +1,4 @@
-"""3x3 convolutions on oneDNN's CPU kernels, as XLA custom calls (``ddim/csrc/onednn_conv.cc``).
+"""The UNet's convolutions on oneDNN's CPU kernels, as XLA custom calls (``ddim/csrc/onednn_conv.cc``).
 
 XLA:CPU runs convolutions on Eigen. On a 2-core AVX-512 Xeon its forward pass and input gradient take 1.3-1.4x
 oneDNN's time, and its weight gradient (a contraction over batch x height x width, after transposing the
@@ -33,10 +33,12 @@ import numpy as np
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "onednn_conv.cc"
 TARGETS = {
-    "ddim_conv3x3_forward": "DdimConv3x3Forward",
-    "ddim_conv3x3_input_gradient": "DdimConv3x3InputGradient",
-    "ddim_conv3x3_weight_gradient": "DdimConv3x3WeightGradient",
+    "ddim_conv_forward": "DdimConvForward",
+    "ddim_conv_input_gradient": "DdimConvInputGradient",
+    "ddim_conv_weight_gradient": "DdimConvWeightGradient",
 }
+# The kernel sizes that run on oneDNN (the library takes 1 and 3).
+KERNEL_SIZES = (1, 3)
 _reason: str | None = None
 _disabled = 0
 
@@ -137,10 +139,11 @@ def disabled():
 
 
 def applies(x, kernel) -> bool:
-    """Whether :func:`conv3x3` serves this convolution: float32, a 3x3 kernel, on the CPU backend."""
+    """Whether :func:`conv2d` serves this convolution: float32, a kernel size in ``KERNEL_SIZES``, on the CPU."""
     return (
         not _disabled
-        and kernel.shape[:2] == (3, 3)
+        and kernel.shape[0] == kernel.shape[1]
+        and kernel.shape[0] in KERNEL_SIZES
         and x.dtype == jnp.float32
         and kernel.dtype == jnp.float32
         and jax.default_backend() == "cpu"
@@ -155,20 +158,20 @@ def _call(target: str, shape, a, b):
 
 
 @jax.custom_vjp
-def conv3x3(x, kernel):
-    """Stride-1 'SAME' 3x3 convolution of NHWC float32 ``x`` with an HWIO ``kernel``, on oneDNN."""
-    return _call("ddim_conv3x3_forward", x.shape[:3] + kernel.shape[3:], x, kernel)
+def conv2d(x, kernel):
+    """Stride-1 'SAME' convolution of NHWC float32 ``x`` with a 1x1 or 3x3 HWIO ``kernel``, on oneDNN."""
+    return _call("ddim_conv_forward", x.shape[:3] + kernel.shape[3:], x, kernel)
 
 
 def _forward(x, kernel):
-    return conv3x3(x, kernel), (x, kernel)
+    return conv2d(x, kernel), (x, kernel)
 
 
 def _backward(residuals, gradient):
     x, kernel = residuals
-    input_gradient = _call("ddim_conv3x3_input_gradient", x.shape, gradient, kernel)
-    kernel_gradient = _call("ddim_conv3x3_weight_gradient", kernel.shape, x, gradient)
+    input_gradient = _call("ddim_conv_input_gradient", x.shape, gradient, kernel)
+    kernel_gradient = _call("ddim_conv_weight_gradient", kernel.shape, x, gradient)
     return input_gradient, kernel_gradient
 
 
-conv3x3.defvjp(_forward, _backward)
+conv2d.defvjp(_forward, _backward)

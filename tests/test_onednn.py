@@ -1,4 +1,4 @@
-"""The 3x3 convolutions on oneDNN (ddim/onednn.py, ddim/csrc/onednn_conv.cc) against XLA's."""
+"""The convolutions on oneDNN (ddim/onednn.py, ddim/csrc/onednn_conv.cc) against XLA's."""
 
 import functools
 import platform
@@ -29,12 +29,13 @@ def test_available_where_installed():
 
 
 @needs_onednn
+@pytest.mark.parametrize("size", [3, 1])
 @pytest.mark.parametrize("shape,cin,cout", [((2, 8, 8), 3, 5), ((1, 6, 10), 16, 32), ((3, 4, 4), 32, 16)])
-def test_values_and_gradients_match_xla(shape, cin, cout):
+def test_values_and_gradients_match_xla(size, shape, cin, cout):
     x = normal(0, shape + (cin,))
-    kernel = normal(1, (3, 3, cin, cout), 0.2)
+    kernel = normal(1, (size, size, cin, cout), 0.2)
     cotangent = normal(2, shape + (cout,))
-    out, (dx, dkernel) = run_once(functools.partial(_values_and_gradients, onednn.conv3x3), cotangent, x, kernel)
+    out, (dx, dkernel) = run_once(functools.partial(_values_and_gradients, onednn.conv2d), cotangent, x, kernel)
     ref, (ref_dx, ref_dkernel) = run_once(
         functools.partial(_values_and_gradients, reference_ops.conv2d), cotangent, x, kernel
     )
@@ -48,20 +49,29 @@ def _custom_call_targets(fn, *args) -> str:
 
 
 @needs_onednn
-def test_network_convolution_runs_on_onednn_in_float32_only():
-    x, kernel = normal(0, (1, 4, 4, 8)), normal(1, (3, 3, 8, 8))
+@pytest.mark.parametrize("size", [1, 3])
+def test_network_convolutions_run_on_onednn_in_float32_only(size):
+    x, kernel = normal(0, (1, 4, 4, 8)), normal(1, (size, size, 8, 8))
     text = _custom_call_targets(ops.conv2d, x, kernel)
-    assert "ddim_conv3x3_forward" in text and "ddim_conv3x3_weight_gradient" in text
-    # bfloat16 and 1x1 kernels keep XLA's convolution and matmul
-    assert "ddim_conv3x3" not in _custom_call_targets(ops.conv2d, x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16))
-    assert "ddim_conv3x3" not in _custom_call_targets(ops.conv2d, x, normal(2, (1, 1, 8, 8)))
+    for target in ("ddim_conv_forward", "ddim_conv_input_gradient", "ddim_conv_weight_gradient"):
+        assert target in text
+    # bfloat16 keeps XLA's convolution
+    assert "ddim_conv" not in _custom_call_targets(ops.conv2d, x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16))
+
+
+@needs_onednn
+def test_other_kernel_sizes_keep_xla():
+    x = normal(0, (1, 6, 6, 4))
+    assert not onednn.applies(x, normal(1, (5, 5, 4, 4)))
+    np.testing.assert_allclose(ops.conv2d(x, normal(1, (5, 5, 4, 4))), reference_ops.conv2d(x, normal(1, (5, 5, 4, 4))),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_without_onednn_the_network_keeps_xla(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: False)
     x, kernel = normal(0, (1, 4, 4, 8)), normal(1, (3, 3, 8, 8))
     text = _custom_call_targets(ops.conv2d, x, kernel)
-    assert "ddim_conv3x3" not in text and "convolution" in text
+    assert "ddim_conv" not in text and "convolution" in text
 
 
 def test_turned_off_by_environment(monkeypatch):

@@ -1,4 +1,4 @@
-// 3x3 stride-1 'SAME' convolutions of NHWC float32 activations with HWIO weights on oneDNN's CPU kernels,
+// Stride-1 'SAME' convolutions (1x1 and 3x3) of NHWC float32 activations with HWIO weights on oneDNN's CPU kernels,
 // exposed to XLA as three FFI custom calls: the forward pass, the input gradient and the weight gradient.
 //
 // Why: XLA:CPU runs convolutions on Eigen, whose weight gradient unfolds the input into patches as large as
@@ -40,7 +40,7 @@ struct Entry {
   int arg_a = 0, arg_b = 0, arg_out = 0;
 };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>;  // kind, N, H, W, C_in, C_out
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;  // kind, N, H, W, C_in, C_out, k
 
 memory::desc Any(const memory::dims& dims) { return memory::desc(dims, memory::data_type::f32, Tag::any); }
 
@@ -55,9 +55,10 @@ void Bind(Entry& e, const memory::desc& chosen_a, const memory::desc& chosen_b, 
 }
 
 std::unique_ptr<Entry> Create(const Key& key) {
-  auto [kind, n, h, w, c, o] = key;
+  auto [kind, n, h, w, c, o, k] = key;
   auto& engine = Engine();
-  const memory::dims src{n, c, h, w}, weights{o, c, 3, 3}, dst{n, o, h, w}, strides{1, 1}, padding{1, 1};
+  const int64_t pad = (k - 1) / 2;
+  const memory::dims src{n, c, h, w}, weights{o, c, k, k}, dst{n, o, h, w}, strides{1, 1}, padding{pad, pad};
   const auto f32 = memory::data_type::f32;
   // Activations stay NHWC (oneDNN's brgemm kernels read it directly: no reorders of the large tensors); the
   // weights go to the blocked layout oneDNN picks ('any'), a reorder of a few kilobytes. On a 2-core AVX-512
@@ -103,14 +104,15 @@ Entry& Lookup(const Key& key) {
   return *it->second;
 }
 
-ffi::Error Run(Kind kind, int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, void* a, void* b, void* out) {
+ffi::Error Run(Kind kind, int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, int64_t k, void* a, void* b,
+               void* out) {
   try {
     // One call at a time: each already runs on every core (oneDNN's OpenMP team), XLA may start two
     // independent ones at once (the input and weight gradients), and two teams on the same cores spin
     // against each other. It also keeps each entry's scratch buffers to one user.
     static std::mutex one_at_a_time;
     std::lock_guard<std::mutex> lock(one_at_a_time);
-    Entry& e = Lookup(Key{kind, n, h, w, c, o});
+    Entry& e = Lookup(Key{kind, n, h, w, c, o, k});
     auto& engine = Engine();
     dnnl::stream stream(engine);
     memory user_a(e.user_a, engine, a), user_b(e.user_b, engine, b), user_out(e.user_out, engine, out);
@@ -127,34 +129,39 @@ ffi::Error Run(Kind kind, int64_t n, int64_t h, int64_t w, int64_t c, int64_t o,
   return ffi::Error::Success();
 }
 
-bool Is3x3(ffi::Span<const int64_t> weights) { return weights.size() == 4 && weights[0] == 3 && weights[1] == 3; }
+// A square kernel of size 1 or 3 (odd, so 'SAME' pads (k - 1) / 2 on each side).
+bool Supported(ffi::Span<const int64_t> weights) {
+  return weights.size() == 4 && weights[0] == weights[1] && (weights[0] == 1 || weights[0] == 3);
+}
 
 ffi::Error Forward(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> kernel, ffi::ResultBuffer<ffi::F32> y) {
   auto d = x.dimensions(), k = kernel.dimensions();
-  if (d.size() != 4 || !Is3x3(k) || k[2] != d[3]) return ffi::Error::InvalidArgument("expected NHWC x, 3x3 HWIO kernel");
-  return Run(kForward, d[0], d[1], d[2], d[3], k[3], x.untyped_data(), kernel.untyped_data(), y->untyped_data());
+  if (d.size() != 4 || !Supported(k) || k[2] != d[3])
+    return ffi::Error::InvalidArgument("expected NHWC x, 1x1 or 3x3 HWIO kernel");
+  return Run(kForward, d[0], d[1], d[2], d[3], k[3], k[0], x.untyped_data(), kernel.untyped_data(), y->untyped_data());
 }
 
 ffi::Error InputGradient(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> kernel, ffi::ResultBuffer<ffi::F32> dx) {
   auto d = dy.dimensions(), k = kernel.dimensions();
-  if (d.size() != 4 || !Is3x3(k) || k[3] != d[3]) return ffi::Error::InvalidArgument("expected NHWC dy, 3x3 HWIO kernel");
-  return Run(kInputGradient, d[0], d[1], d[2], k[2], k[3], dy.untyped_data(), kernel.untyped_data(),
+  if (d.size() != 4 || !Supported(k) || k[3] != d[3])
+    return ffi::Error::InvalidArgument("expected NHWC dy, 1x1 or 3x3 HWIO kernel");
+  return Run(kInputGradient, d[0], d[1], d[2], k[2], k[3], k[0], dy.untyped_data(), kernel.untyped_data(),
              dx->untyped_data());
 }
 
 ffi::Error WeightGradient(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy, ffi::ResultBuffer<ffi::F32> dkernel) {
-  auto d = x.dimensions(), g = dy.dimensions();
-  if (d.size() != 4 || g.size() != 4 || d[0] != g[0] || d[1] != g[1] || d[2] != g[2])
-    return ffi::Error::InvalidArgument("expected NHWC x and dy of the same batch and size");
-  return Run(kWeightGradient, d[0], d[1], d[2], d[3], g[3], x.untyped_data(), dy.untyped_data(),
+  auto d = x.dimensions(), g = dy.dimensions(), k = dkernel->dimensions();
+  if (d.size() != 4 || g.size() != 4 || d[0] != g[0] || d[1] != g[1] || d[2] != g[2] || !Supported(k))
+    return ffi::Error::InvalidArgument("expected NHWC x and dy of the same batch and size, 1x1 or 3x3 HWIO kernel");
+  return Run(kWeightGradient, d[0], d[1], d[2], d[3], g[3], k[0], x.untyped_data(), dy.untyped_data(),
              dkernel->untyped_data());
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DdimConv3x3Forward, Forward,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DdimConvForward, Forward,
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DdimConv3x3InputGradient, InputGradient,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DdimConvInputGradient, InputGradient,
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DdimConv3x3WeightGradient, WeightGradient,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DdimConvWeightGradient, WeightGradient,
                               ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::F32>>().Ret<ffi::Buffer<ffi::F32>>());
