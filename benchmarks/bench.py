@@ -367,7 +367,7 @@ def run(args) -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "model_dtype": config.model.dtype,
-        # Which kernels run the float32 3x3 convolutions: oneDNN's (ddim/onednn.py) or XLA's, and why.
+        # Which kernels run the float32 convolutions: oneDNN's (ddim/onednn.py) or XLA's, and why.
         "convolutions": convolution_kernels(jax.default_backend(), config.model.dtype),
     }
     result.update(bench_training(config, args.windows, args.window_steps))

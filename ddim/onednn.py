@@ -4,7 +4,7 @@ XLA:CPU runs convolutions on Eigen. On a 2-core AVX-512 Xeon its forward pass an
 oneDNN's time, and its weight gradient (a contraction over batch x height x width, after transposing the
 activations to [C, H, W, N]) 3-4x: that is where a CPU training step of the UNet lost to the Keras example's,
 which runs on oneDNN (docs/research/cpu-speed.md). Here the three
-convolutions of a float32 3x3 layer run on oneDNN instead, through the JAX FFI.
+convolutions of a float32 3x3 or 1x1 layer run on oneDNN instead, through the JAX FFI.
 
 The library is compiled with the system's C++ compiler against the oneDNN wheel (``onednn-cpu-gomp`` and its
 headers, ``onednn-devel-cpu-gomp``, installed with ddim on x86-64 Linux) the first time a process needs it,
