@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddim import runtime
+
 SOURCE = Path(__file__).resolve().parent / "csrc" / "onednn_conv.cc"
 TARGETS = {
     "ddim_conv_forward": "DdimConvForward",
@@ -67,8 +69,7 @@ def _cache_dir() -> Path:
     choice = os.environ.get("DDIM_COMPILATION_CACHE", "")
     if choice.lower() in ("off", "none", "0"):
         return Path(tempfile.gettempdir()) / f"ddim-kernels-{os.getuid()}"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ddim" / "kernels"
+    return runtime.cache_root() / "kernels"
 
 
 def _build() -> Path:
@@ -100,7 +101,7 @@ def _build() -> Path:
 def available() -> bool:
     """Whether the oneDNN convolutions can run in this process (built and registered on first call)."""
     global _reason
-    if os.environ.get("DDIM_ONEDNN", "1").lower() in ("0", "false", "no", "off"):
+    if runtime.switched_off("DDIM_ONEDNN"):
         _reason = "turned off by DDIM_ONEDNN=0"
         return False
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):

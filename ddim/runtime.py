@@ -42,7 +42,7 @@ RESTARTED_MARK = "DDIM_RESTARTED"
 def configure_xla_flags() -> str:
     """Add the CPU flags to ``XLA_FLAGS`` (keeping the user's own settings); returns the result."""
     current = os.environ.get("XLA_FLAGS", "")
-    if _off("DDIM_XLA_FLAGS"):
+    if switched_off("DDIM_XLA_FLAGS"):
         return current
     present = {flag.split("=", 1)[0] for flag in current.split()}
     extra = [f"{name}={value}" for name, value in CPU_XLA_FLAGS.items() if name not in present]
@@ -51,7 +51,7 @@ def configure_xla_flags() -> str:
     return os.environ.get("XLA_FLAGS", "")
 
 
-def _off(variable: str, environ=None) -> bool:
+def switched_off(variable: str, environ=None) -> bool:
     """Whether the switch ``variable`` (on by default) was turned off."""
     return (os.environ if environ is None else environ).get(variable, "1").lower() in ("0", "false", "no", "off")
 
@@ -71,7 +71,7 @@ def fast_allocator_environment(environ=None) -> dict[str, str]:
     transparent huge pages, or when ``DDIM_RESTART=0``.
     """
     environ = os.environ if environ is None else environ
-    if _off("DDIM_RESTART", environ) or environ.get(RESTARTED_MARK):
+    if switched_off("DDIM_RESTART", environ) or environ.get(RESTARTED_MARK):
         return {}
     tunables = environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in tunables or sys.platform != "linux":
@@ -120,9 +120,14 @@ def compile_for_one_call(jitted, *args):
     return jitted.lower(*args).compile(compiler_options=options)
 
 
-def default_cache_dir() -> Path:
+def cache_root() -> Path:
+    """ddim's per-user cache directory: ``$XDG_CACHE_HOME/ddim``, else ``~/.cache/ddim``."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ddim" / "jax"
+    return Path(base) / "ddim"
+
+
+def default_cache_dir() -> Path:
+    return cache_root() / "jax"
 
 
 def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:

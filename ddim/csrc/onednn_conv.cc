@@ -95,10 +95,9 @@ std::unique_ptr<Entry> Create(const Key& key) {
   return e;
 }
 
+// Called only under Run's lock, which guards the cache too.
 Entry& Lookup(const Key& key) {
-  static std::mutex cache_mutex;
   static std::map<Key, std::unique_ptr<Entry>> cache;
-  std::lock_guard<std::mutex> lock(cache_mutex);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, Create(key)).first;
   return *it->second;
@@ -109,7 +108,7 @@ ffi::Error Run(Kind kind, int64_t n, int64_t h, int64_t w, int64_t c, int64_t o,
   try {
     // One call at a time: each already runs on every core (oneDNN's OpenMP team), XLA may start two
     // independent ones at once (the input and weight gradients), and two teams on the same cores spin
-    // against each other. It also keeps each entry's scratch buffers to one user.
+    // against each other. It also keeps the cache and each entry's scratch buffers to one user.
     static std::mutex one_at_a_time;
     std::lock_guard<std::mutex> lock(one_at_a_time);
     Entry& e = Lookup(Key{kind, n, h, w, c, o, k});
