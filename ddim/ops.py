@@ -11,9 +11,13 @@ formulation: see :mod:`ddim.runtime`.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from ddim import onednn
 
@@ -36,6 +40,19 @@ def conv2d(x, kernel):
         return flat.reshape(x.shape[:-1] + (weights.shape[-1],))
     return lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=_NHWC)
 
+
+
+def materialize(x):
+    """``x`` unchanged, computed once as an array of its own rather than inside whatever consumes it.
+
+    XLA fuses elementwise producers into their consumers, and into a broadcast it recomputes them for
+    every element of the result: the UNet's (B, 1, 1, D) noise features (random levels, sines and
+    cosines) were evaluated for every pixel of the 64x64 stem, 55 ms of a 1.9 s CPU training step. An
+    optimisation barrier does not stop it (XLA:CPU removes barriers before fusing); a product with the
+    identity, which XLA runs as a matmul of its own, does, exactly (every output is one input times 1).
+    """
+    identity = jnp.eye(x.shape[-1], dtype=x.dtype)
+    return jnp.matmul(x, identity, precision=lax.Precision.HIGHEST)
 
 def average_pool_2x(x):
     """2x2 average pooling with stride 2 (Keras ``AveragePooling2D(2)``) as a reshape-mean."""
@@ -99,3 +116,76 @@ def _upsample_axis_2x_transpose(g, axis: int):
         [lax.slice_in_dim(even, 0, 1, axis=axis), lax.slice_in_dim(odd, 0, size - 1, axis=axis)], axis=axis
     )
     return 0.75 * (even + odd) + 0.25 * (from_next + from_previous)
+
+
+def batch_normalize(x, epsilon: float):
+    """Batch normalisation without scale or offset over all axes but the last: ``(y, mean, var)``.
+
+    ``y = (x - mean) * rsqrt(var + epsilon)`` with the batch's mean and biased
+    variance (``E[x^2] - mean^2``, clipped at 0, as flax's ``BatchNorm`` computes
+    them), statistics in float32 and ``y`` in ``x``'s dtype. The gradient is the
+    textbook closed form (Ioffe & Szegedy 2015, section 3.1), so the backward pass
+    is one reduction and one elementwise pass over ``x`` and the incoming gradient,
+    and the forward pass keeps nothing beyond ``x`` and two vectors. Autodiff of
+    the same expression stores ``x - mean`` as a third full-size tensor and reads
+    it back: on a CPU, where these passes are bound by memory bandwidth, that was
+    about a tenth of a 64x64 training step (docs/research/cpu-speed.md).
+    """
+    return _batch_normalize(x, epsilon)
+
+
+def _statistics(x):
+    axes = tuple(range(x.ndim - 1))
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean = x.mean(axes)
+    raw_var = (x * x).mean(axes) - mean * mean  # one fused pass over x for both
+    return mean, raw_var
+
+
+def _normalized(x, mean, inv_std):
+    return ((x.astype(mean.dtype) - mean) * inv_std).astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _batch_normalize(x, epsilon):
+    mean, raw_var = _statistics(x)
+    var = jnp.maximum(raw_var, 0.0)
+    return _normalized(x, mean, lax.rsqrt(var + epsilon)), mean, var
+
+
+def _batch_normalize_fwd(x, epsilon):
+    x = x.value  # a CustomVJPPrimal (symbolic zeros are on)
+    mean, raw_var = _statistics(x)
+    var = jnp.maximum(raw_var, 0.0)
+    inv_std = lax.rsqrt(var + epsilon)
+    return (_normalized(x, mean, inv_std), mean, var), (x, mean, inv_std, raw_var > 0)
+
+
+def _batch_normalize_bwd(epsilon, residuals, cotangents):
+    x, mean, inv_std, var_unclipped = residuals
+    dy, dmean, dvar = cotangents
+    axes = tuple(range(x.ndim - 1))
+    count = math.prod(x.shape[:-1])
+    # dx = scale * dy + offset + slope * (x - mean), per channel scale, offset and slope. Written with x
+    # itself, not x - mean, so that no centred copy of x is ever stored: both reductions read dy and x
+    # (one pass) and the result one more pass over them.
+    scale = offset = slope = jnp.zeros_like(mean)
+    if not isinstance(dy, SymbolicZero):
+        # y's part: inv_std * (dy - mean(dy) - y_hat * mean(dy * y_hat)), y_hat = (x - mean) * inv_std.
+        dy = dy.astype(mean.dtype)
+        mean_dy = dy.mean(axes)
+        mean_dy_centred = (dy * x.astype(mean.dtype)).mean(axes) - mean * mean_dy
+        scale, offset, slope = inv_std, -inv_std * mean_dy, -inv_std**3 * mean_dy_centred
+    # The statistics' own parts (zero in training, where they only feed the running averages):
+    # d mean / dx = 1 / count, d var / dx = 2 (x - mean) / count where var was not clipped.
+    if not isinstance(dmean, SymbolicZero):
+        offset = offset + dmean / count
+    if not isinstance(dvar, SymbolicZero):
+        slope = slope + jnp.where(var_unclipped, 2.0 * dvar / count, 0.0)
+    dx = (offset - slope * mean) + slope * x.astype(mean.dtype)
+    if not isinstance(dy, SymbolicZero):
+        dx = dx + scale * dy
+    return (dx.astype(x.dtype),)
+
+
+_batch_normalize.defvjp(_batch_normalize_fwd, _batch_normalize_bwd, symbolic_zeros=True)

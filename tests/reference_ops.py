@@ -16,3 +16,11 @@ def average_pool_2x(x):
 def upsample_bilinear_2x(x):
     n, h, w, c = x.shape
     return jax.image.resize(x, (n, 2 * h, 2 * w, c), "bilinear")
+
+
+def batch_normalize(x, epsilon):
+    """flax's nn.BatchNorm arithmetic (fast variance, clipped at 0), differentiated by autodiff."""
+    axes = tuple(range(x.ndim - 1))
+    mean = x.mean(axes)
+    var = jax.numpy.maximum((x * x).mean(axes) - mean * mean, 0.0)
+    return (x - mean) * lax.rsqrt(var + epsilon), mean, var

@@ -1,5 +1,6 @@
 """Shapes, dtypes and defining properties of the network (ddim/nn/) and the model (ddim/model.py)."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from ddim.config import ModelConfig
 from ddim.model import DiffusionModel, init_variables
 from ddim.nn import ResidualBlock, UNet, sinusoidal_embedding
+from ddim.nn.layers import BatchNorm
 from ddim.sampling import generate_fn, process
 from ddim.spec import SamplingSpec
 from tests.conftest import normal, run_once, tiny_config, uniform
@@ -37,6 +39,27 @@ def test_residual_block_shapes_and_skip(in_width, width):
     assert set(variables["batch_stats"]) == {"BatchNorm_0"}
     assert not any("BatchNorm" in name for name in variables["params"])
 
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_batch_norm_is_flax_batch_norm_without_scale_or_offset(dtype):
+    # The same variables (so every checkpoint and bundle loads), outputs and running statistics as the
+    # flax layer the blocks used before, in training and inference mode.
+    ours, flax_bn = BatchNorm(use_running_average=False, dtype=dtype), nn.BatchNorm(
+        use_running_average=False, use_bias=False, use_scale=False, momentum=0.99, epsilon=1e-3, dtype=dtype)
+    x = (2.0 + 3.0 * normal(0, (4, 5, 5, 6))).astype(dtype)
+    variables = ours.init(jax.random.key(0), x)
+    assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, flax_bn.init(jax.random.key(0), x))
+    (y, updates), (want_y, want_updates) = (
+        bn.apply(variables, x, mutable=["batch_stats"]) for bn in (ours, flax_bn))
+    assert y.dtype == want_y.dtype == dtype
+    tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(want_y, np.float32), atol=tolerance)
+    for got, want in zip(jax.tree.leaves(updates), jax.tree.leaves(want_updates)):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    inference = [bn.clone(use_running_average=True).apply(updates, x) for bn in (ours, flax_bn)]
+    np.testing.assert_allclose(np.asarray(inference[0], np.float32), np.asarray(inference[1], np.float32),
+                               atol=tolerance)
 
 def test_unet_output_shape_and_zero_initialised_head():
     net = UNet(ModelConfig(widths=(8, 16, 24), block_depth=2, embedding_dims=8))

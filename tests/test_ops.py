@@ -47,3 +47,38 @@ def test_bilinear_upsampling_matches_jax_image_resize():
     ref, (want,) = values_and_gradients(reference_ops.upsample_bilinear_2x, g, x)
     np.testing.assert_allclose(out, ref, atol=1e-6)
     np.testing.assert_allclose(got, want, atol=1e-5)  # the gradient: the transposed resampling
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 5, 3), (2, 4, 4, 16)])
+def test_batch_normalize_values_and_gradients_match_autodiff(shape):
+    # Nonzero cotangents for the statistics too, so every term of the hand-written gradient is checked.
+    x = 3.0 + 2.0 * normal(4, shape)
+    cotangent = (normal(5, shape), normal(6, shape[-1:]), normal(7, shape[-1:]))
+    fn = functools.partial(ops.batch_normalize, epsilon=1e-3)
+    reference = functools.partial(reference_ops.batch_normalize, epsilon=1e-3)
+    out, (got,) = values_and_gradients(fn, cotangent, x)
+    ref, (want,) = values_and_gradients(reference, cotangent, x)
+    for o, r in zip(out, ref):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # The normalised output alone, as in training: the statistics' cotangents are symbolic zeros.
+    y_only = lambda x: ops.batch_normalize(x, 1e-3)[0]  # noqa: E731
+    _, (got,) = values_and_gradients(y_only, cotangent[0], x)
+    _, (want,) = values_and_gradients(lambda x: reference(x)[0], cotangent[0], x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_normalize_of_a_constant_channel_is_zero_with_a_finite_gradient():
+    x = normal(8, (2, 3, 3, 2)).at[..., 1].set(5.0)
+    y, mean, var = ops.batch_normalize(x, 1e-3)
+    assert float(var[1]) == 0.0 and np.all(np.asarray(y[..., 1]) == 0.0)
+    gradient = jax.grad(lambda x: (ops.batch_normalize(x, 1e-3)[0] ** 2).sum())(x)
+    assert np.all(np.isfinite(np.asarray(gradient)))
+
+
+def test_materialize_is_the_identity_with_the_identity_gradient():
+    x = normal(9, (3, 1, 1, 8))
+    g = normal(10, (3, 1, 1, 8))
+    out, (got,) = values_and_gradients(ops.materialize, g, x)
+    np.testing.assert_array_equal(out, x)
+    np.testing.assert_array_equal(got, g)

@@ -6,6 +6,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 from ddim import ops
 from ddim.config import ModelConfig
@@ -42,8 +43,36 @@ class Conv(nn.Module):
         return ops.conv2d(x, kernel) + bias
 
 
-def batch_norm(train: bool, dtype) -> nn.BatchNorm:
-    """Keras' ``BatchNormalization(center=False, scale=False)``: momentum 0.99, epsilon 1e-3, no parameters."""
-    return nn.BatchNorm(
-        use_running_average=not train, use_bias=False, use_scale=False, momentum=0.99, epsilon=1e-3, dtype=dtype
-    )
+class BatchNorm(nn.Module):
+    """Keras' ``BatchNormalization(center=False, scale=False)``: momentum 0.99, epsilon 1e-3, no parameters.
+
+    The variables, their names and the arithmetic are flax's ``nn.BatchNorm``'s with ``use_scale`` and
+    ``use_bias`` off (running ``mean`` and ``var`` in ``batch_stats``), so checkpoints and bundles load either
+    way; the training-mode normalisation is :func:`ddim.ops.batch_normalize`, whose hand-written gradient
+    makes fewer passes over memory than autodiff of flax's.
+    """
+
+    use_running_average: bool
+    momentum: float = 0.99
+    epsilon: float = 1e-3
+    dtype: Any = None
+
+    @nn.compact
+    def __call__(self, x):
+        features = (x.shape[-1],)
+        running_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros(features, jnp.float32))
+        running_var = self.variable("batch_stats", "var", lambda: jnp.ones(features, jnp.float32))
+        if self.use_running_average:
+            mean, var = running_mean.value, running_var.value
+            y = (x - mean) * lax.rsqrt(var + self.epsilon)
+        else:
+            y, mean, var = ops.batch_normalize(x, self.epsilon)
+            if not self.is_initializing():
+                running_mean.value = self.momentum * running_mean.value + (1 - self.momentum) * mean
+                running_var.value = self.momentum * running_var.value + (1 - self.momentum) * var
+        return y.astype(self.dtype or x.dtype)
+
+
+def batch_norm(train: bool, dtype) -> BatchNorm:
+    """The residual blocks' normalisation, in training (batch statistics) or inference (running) mode."""
+    return BatchNorm(use_running_average=not train, dtype=dtype)

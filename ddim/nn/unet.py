@@ -83,7 +83,7 @@ class UNet(nn.Module):
             if c.class_conditional and c.class_embedding == "adm":
                 block_embedding = block_embedding + class_vectors.astype(block_embedding.dtype)
         # Keras upsamples the 1x1 embedding to the image size with nearest-neighbour: a broadcast.
-        embedding = jnp.broadcast_to(noise_embedding, (batch, height, width, c.embedding_dims))
+        embedding = jnp.broadcast_to(ops.materialize(noise_embedding), (batch, height, width, c.embedding_dims))
         x = Conv(c.widths[0], 1, dtype, name="stem")(noisy_images)
         x = jnp.concatenate([x, embedding.astype(x.dtype)], axis=-1)
 
