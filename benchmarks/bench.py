@@ -204,8 +204,8 @@ def bench_cli(config, state, num: int, steps: int) -> dict:
 def keras_environment(environ) -> dict[str, str]:
     """``environ`` for the Keras script: as a user runs it, without what ddim adds to its own process.
 
-    ddim's XLA:CPU flags (``ddim.runtime.CPU_XLA_FLAGS``) and the huge-page malloc tunable that the
-    restart added are taken out; the user's own settings stay.
+    ddim's XLA:CPU flags (``ddim.runtime.CPU_XLA_FLAGS``), and the huge-page malloc tunable and the
+    preloaded large-block layer that the restart added, are taken out; the user's own settings stay.
     """
     env = dict(environ)
     ours = {f"{name}={value}" for name, value in runtime.CPU_XLA_FLAGS.items()}
@@ -216,6 +216,10 @@ def keras_environment(environ) -> dict[str, str]:
         tunables = [t for t in env.pop("GLIBC_TUNABLES", "").split(":") if t and t != runtime.FAST_MALLOC_TUNABLE]
         if tunables:
             env["GLIBC_TUNABLES"] = ":".join(tunables)
+        layer = runtime.KEEP_LARGE_BLOCKS_SOURCE.stem
+        preloaded = [p for p in env.pop("LD_PRELOAD", "").split() if not Path(p).name.startswith(layer)]
+        if preloaded:
+            env["LD_PRELOAD"] = " ".join(preloaded)
     return env
 
 

@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import jax
@@ -65,36 +62,14 @@ def _find_onednn() -> tuple[Path, Path]:
     raise FileNotFoundError("oneDNN not installed (pip install onednn-cpu-gomp onednn-devel-cpu-gomp)")
 
 
-def _cache_dir() -> Path:
-    choice = os.environ.get("DDIM_COMPILATION_CACHE", "")
-    if choice.lower() in ("off", "none", "0"):
-        return Path(tempfile.gettempdir()) / f"ddim-kernels-{os.getuid()}"
-    return runtime.cache_root() / "kernels"
-
-
 def _build() -> Path:
     """Compile the library (once per source, JAX and oneDNN version) and return its path."""
     include, lib = _find_onednn()
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler:
         raise FileNotFoundError("no C++ compiler (g++) on PATH")
-    source = SOURCE.read_bytes()
-    stamp = hashlib.sha256(source + jax.__version__.encode() + str(lib.resolve()).encode()).hexdigest()[:16]
-    output = _cache_dir() / f"onednn_conv-{stamp}.so"
-    if output.is_file():
-        return output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_suffix(f".{os.getpid()}.tmp")
-    command = [
-        compiler, "-O2", "-std=c++17", "-shared", "-fPIC",
-        f"-I{jax.ffi.include_dir()}", f"-I{include}", str(SOURCE), "-o", str(partial),
-        f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"compiling {SOURCE.name} failed: {result.stderr.strip()[-500:]}")
-    partial.replace(output)  # atomic: a concurrent process sees the whole file or none
-    return output
+    flags = ["-std=c++17", f"-I{jax.ffi.include_dir()}", f"-I{include}", f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}"]
+    return runtime.compile_library(SOURCE, compiler, flags, stamp=jax.__version__.encode() + str(lib.resolve()).encode())
 
 
 @functools.cache

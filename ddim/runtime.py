@@ -6,8 +6,10 @@ it. Flags the user already set in ``XLA_FLAGS`` are never overridden, and
 ``DDIM_XLA_FLAGS=0`` turns this off.
 
 ``restart_with_fast_allocator`` re-executes the process with glibc's malloc
-tuned for XLA (only settable before a process starts); the ``ddim`` command and
-the benchmark call it first thing. ``DDIM_RESTART=0`` turns it off.
+tuned for XLA and a small layer in front of it that keeps large blocks for
+reuse (both only settable before a process starts); the ``ddim`` command and
+the benchmarks call it first thing. ``DDIM_RESTART=0`` turns it off,
+``DDIM_KEEP_LARGE_BLOCKS=0`` the layer alone.
 
 ``tensorflow`` imports TensorFlow (TFDS decoding, TensorBoard events, the
 Keras InceptionV3) on demand, with every GPU hidden from it.
@@ -16,9 +18,13 @@ Keras InceptionV3) on demand, with every GPU hidden from it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # XLA:CPU hands reductions (BatchNorm statistics, bias gradients: ~5x faster than XLA's own
@@ -37,6 +43,12 @@ CPU_XLA_FLAGS = {
 # transparent huge pages (glibc >= 2.35) cuts that to ~2k faults: 4.2 s -> 3.4-3.6 s per step.
 FAST_MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
 RESTARTED_MARK = "DDIM_RESTARTED"
+
+# XLA:CPU allocates a step's temporaries as one block (1.6 GB for a flowers64 training step) and frees it at the
+# end; glibc unmaps blocks that large, so the next step faults all of it in again, which on a 2-core virtual
+# machine cost 0.5-2.7 s of a 1.8 s step. This C layer, preloaded in front of glibc's malloc, keeps such blocks
+# mapped for reuse (ddim/csrc/keep_large_blocks.c; docs/research/cpu-speed.md).
+KEEP_LARGE_BLOCKS_SOURCE = Path(__file__).resolve().parent / "csrc" / "keep_large_blocks.c"
 
 
 def configure_xla_flags() -> str:
@@ -65,25 +77,70 @@ def _transparent_huge_pages_available() -> bool:
 
 
 def fast_allocator_environment(environ=None) -> dict[str, str]:
-    """The environment variables to add so glibc backs XLA's buffers with huge pages.
+    """The environment variables to add so XLA's buffers come fast: huge pages, large blocks kept.
 
-    Empty when they are already set, when this is not Linux with glibc >= 2.35 and
-    transparent huge pages, or when ``DDIM_RESTART=0``.
+    ``GLIBC_TUNABLES`` with glibc's huge-page tunable (Linux with glibc >= 2.35 and transparent huge pages,
+    unless the user set it) and ``LD_PRELOAD`` with :func:`keep_large_blocks_library` (Linux with glibc and
+    a C compiler, unless ``DDIM_KEEP_LARGE_BLOCKS=0``). Empty when the process already restarted, or when
+    ``DDIM_RESTART=0``.
     """
     environ = os.environ if environ is None else environ
-    if switched_off("DDIM_RESTART", environ) or environ.get(RESTARTED_MARK):
-        return {}
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in tunables or sys.platform != "linux":
+    if switched_off("DDIM_RESTART", environ) or environ.get(RESTARTED_MARK) or sys.platform != "linux":
         return {}
     library, version = platform.libc_ver()
+    if library != "glibc":
+        return {}
+    extra = {}
+    tunables = environ.get("GLIBC_TUNABLES", "")
     try:
-        new_enough = library == "glibc" and tuple(int(p) for p in version.split(".")[:2]) >= (2, 35)
+        new_enough = tuple(int(p) for p in version.split(".")[:2]) >= (2, 35)
     except ValueError:
         new_enough = False
-    if not new_enough or not _transparent_huge_pages_available():
-        return {}
-    return {"GLIBC_TUNABLES": ":".join(t for t in (tunables, FAST_MALLOC_TUNABLE) if t)}
+    if "glibc.malloc.hugetlb" not in tunables and new_enough and _transparent_huge_pages_available():
+        extra["GLIBC_TUNABLES"] = ":".join(t for t in (tunables, FAST_MALLOC_TUNABLE) if t)
+    if not switched_off("DDIM_KEEP_LARGE_BLOCKS", environ):
+        layer = keep_large_blocks_library()
+        preloaded = environ.get("LD_PRELOAD", "")
+        if layer is not None and str(layer) not in preloaded:
+            extra["LD_PRELOAD"] = " ".join(p for p in (str(layer), preloaded) if p)
+    return extra
+
+
+def kernel_cache_dir() -> Path:
+    """Where compiled native code is kept: ``~/.cache/ddim/kernels``, a temporary directory when
+    ``DDIM_COMPILATION_CACHE=off``."""
+    if os.environ.get("DDIM_COMPILATION_CACHE", "").lower() in ("off", "none", "0"):
+        return Path(tempfile.gettempdir()) / f"ddim-kernels-{os.getuid()}"
+    return cache_root() / "kernels"
+
+
+def compile_library(source: Path, compiler: str, flags: list[str], stamp: bytes = b"") -> Path:
+    """``source`` compiled into a shared library in :func:`kernel_cache_dir` (once per source, ``flags`` and
+    ``stamp``); returns its path. Raises RuntimeError with the compiler's message when it fails."""
+    text = source.read_bytes()
+    digest = hashlib.sha256(text + " ".join(flags).encode() + stamp).hexdigest()[:16]
+    output = kernel_cache_dir() / f"{source.stem}-{digest}.so"
+    if output.is_file():
+        return output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_suffix(f".{os.getpid()}.tmp")
+    command = [compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(partial), *flags]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling {source.name} failed: {result.stderr.strip()[-500:]}")
+    partial.replace(output)  # atomic: a concurrent process sees the whole file or none
+    return output
+
+
+def keep_large_blocks_library() -> Path | None:
+    """The compiled large-block layer (built on first use, about 0.1 s), or None without a C compiler."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not compiler:
+        return None
+    try:
+        return compile_library(KEEP_LARGE_BLOCKS_SOURCE, compiler, ["-lpthread", "-ldl"])
+    except (OSError, RuntimeError):
+        return None  # it only costs speed
 
 
 def restart_with_fast_allocator() -> None:

@@ -276,9 +276,11 @@ def test_the_keras_script_runs_without_ddims_process_settings():
     bench = load_benchmark("bench")
     ours = " ".join(f"{name}={value}" for name, value in runtime.CPU_XLA_FLAGS.items())
     environ = {"XLA_FLAGS": f"--xla_dump_to=/tmp/x {ours}", "DDIM_RESTARTED": "1", "HOME": "/home/u",
-               "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{runtime.FAST_MALLOC_TUNABLE}"}
+               "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{runtime.FAST_MALLOC_TUNABLE}",
+               "LD_PRELOAD": "/home/u/.cache/ddim/kernels/keep_large_blocks-0123.so /usr/lib/libmine.so"}
     assert bench.keras_environment(environ) == {
-        "XLA_FLAGS": "--xla_dump_to=/tmp/x", "HOME": "/home/u", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+        "XLA_FLAGS": "--xla_dump_to=/tmp/x", "HOME": "/home/u", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
+        "LD_PRELOAD": "/usr/lib/libmine.so"}
     # A user's own tunable stays when ddim did not restart itself to add it.
     assert bench.keras_environment({"GLIBC_TUNABLES": runtime.FAST_MALLOC_TUNABLE, "XLA_FLAGS": ours}) == {
         "GLIBC_TUNABLES": runtime.FAST_MALLOC_TUNABLE}
