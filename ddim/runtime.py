@@ -45,9 +45,10 @@ FAST_MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
 RESTARTED_MARK = "DDIM_RESTARTED"
 
 # XLA:CPU allocates a step's temporaries as one block (1.6 GB for a flowers64 training step) and frees it at the
-# end; glibc unmaps blocks that large, so the next step faults all of it in again, which on a 2-core virtual
-# machine cost 0.5-2.7 s of a 1.8 s step. This C layer, preloaded in front of glibc's malloc, keeps such blocks
-# mapped for reuse (ddim/csrc/keep_large_blocks.c; docs/research/cpu-speed.md).
+# end; glibc unmaps blocks that large, so the next step faults all of it in again: on a 2-core virtual machine
+# every other step took 0.8-1.0 s longer than the 1.8 s it takes with the block kept. This C layer, preloaded in
+# front of glibc's malloc, keeps such blocks mapped for reuse (ddim/csrc/keep_large_blocks.c;
+# docs/research/cpu-speed.md).
 KEEP_LARGE_BLOCKS_SOURCE = Path(__file__).resolve().parent / "csrc" / "keep_large_blocks.c"
 
 

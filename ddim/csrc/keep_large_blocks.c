@@ -3,8 +3,8 @@
 //
 // Why: XLA:CPU allocates every buffer of a step's temporaries as one block (1.6 GB for a flowers64 training step)
 // at each execution and frees it at the end. glibc serves blocks above 32 MB with a fresh mmap and unmaps them on
-// free, so every step faults the whole block in again: on a 2-core virtual machine that came to 0.5-2.7 s of a
-// 1.8 s step, depending on whether the host had reclaimed the pages meanwhile (docs/research/cpu-speed.md). This
+// free, so every step faults the whole block in again: on a 2-core virtual machine every other step took 0.8-1.0 s
+// longer than the 1.8 s a step takes with the block kept (docs/research/cpu-speed.md). This
 // layer keeps freed blocks of at least 64 MB mapped and hands them out again to requests of about their size,
 // as TensorFlow's and PyTorch's caching allocators do. Everything smaller, and every pointer that is not one of
 // its blocks, goes to glibc unchanged.
