@@ -128,6 +128,7 @@ def compile_library(source: Path, compiler: str, flags: list[str], stamp: bytes 
     command = [compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(partial), *flags]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
+        partial.unlink(missing_ok=True)
         raise RuntimeError(f"compiling {source.name} failed: {result.stderr.strip()[-500:]}")
     partial.replace(output)  # atomic: a concurrent process sees the whole file or none
     return output

@@ -136,3 +136,10 @@ def test_xla_flags_keep_the_users_own(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     monkeypatch.setenv("DDIM_XLA_FLAGS", "0")
     assert runtime.configure_xla_flags() == ""
+
+
+def test_a_layer_that_does_not_compile_is_left_out(monkeypatch, tmp_path):
+    monkeypatch.setattr(runtime, "kernel_cache_dir", lambda: tmp_path)
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    assert runtime.keep_large_blocks_library() is None
+    assert not list(tmp_path.iterdir())  # nothing half-written left behind
