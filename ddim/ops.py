@@ -147,19 +147,23 @@ def _normalized(x, mean, inv_std):
     return ((x.astype(mean.dtype) - mean) * inv_std).astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _batch_normalize(x, epsilon):
+def _forward(x, epsilon):
+    """``(y, mean, var)`` and what the gradient needs: ``inv_std`` and where the variance was not clipped."""
     mean, raw_var = _statistics(x)
     var = jnp.maximum(raw_var, 0.0)
-    return _normalized(x, mean, lax.rsqrt(var + epsilon)), mean, var
+    inv_std = lax.rsqrt(var + epsilon)
+    return (_normalized(x, mean, inv_std), mean, var), (inv_std, raw_var > 0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _batch_normalize(x, epsilon):
+    return _forward(x, epsilon)[0]
 
 
 def _batch_normalize_fwd(x, epsilon):
     x = x.value  # a CustomVJPPrimal (symbolic zeros are on)
-    mean, raw_var = _statistics(x)
-    var = jnp.maximum(raw_var, 0.0)
-    inv_std = lax.rsqrt(var + epsilon)
-    return (_normalized(x, mean, inv_std), mean, var), (x, mean, inv_std, raw_var > 0)
+    outputs, (inv_std, var_unclipped) = _forward(x, epsilon)
+    return outputs, (x, outputs[1], inv_std, var_unclipped)
 
 
 def _batch_normalize_bwd(epsilon, residuals, cotangents):

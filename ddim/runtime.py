@@ -51,6 +51,9 @@ RESTARTED_MARK = "DDIM_RESTARTED"
 # docs/research/cpu-speed.md).
 KEEP_LARGE_BLOCKS_SOURCE = Path(__file__).resolve().parent / "csrc" / "keep_large_blocks.c"
 
+# The values of DDIM_COMPILATION_CACHE (or --compilation-cache) that turn the caches off.
+CACHE_OFF = ("off", "none", "0")
+
 
 def configure_xla_flags() -> str:
     """Add the CPU flags to ``XLA_FLAGS`` (keeping the user's own settings); returns the result."""
@@ -110,7 +113,7 @@ def fast_allocator_environment(environ=None) -> dict[str, str]:
 def kernel_cache_dir() -> Path:
     """Where compiled native code is kept: ``~/.cache/ddim/kernels``, a temporary directory when
     ``DDIM_COMPILATION_CACHE=off``."""
-    if os.environ.get("DDIM_COMPILATION_CACHE", "").lower() in ("off", "none", "0"):
+    if os.environ.get("DDIM_COMPILATION_CACHE", "").lower() in CACHE_OFF:
         return Path(tempfile.gettempdir()) / f"ddim-kernels-{os.getuid()}"
     return cache_root() / "kernels"
 
@@ -196,7 +199,7 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     ``"off"`` disables it. Returns the directory used, or None.
     """
     choice = directory if directory is not None else os.environ.get("DDIM_COMPILATION_CACHE")
-    if choice is not None and str(choice).lower() in ("off", "none", "0", ""):
+    if choice is not None and str(choice).lower() in (*CACHE_OFF, ""):
         return None
     path = Path(choice) if choice is not None else default_cache_dir()
     try:

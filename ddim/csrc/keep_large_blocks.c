@@ -72,6 +72,11 @@ static void Trim(void) {
   }
 }
 
+static void CountInUse(size_t size) {
+  in_use_bytes += size;
+  if (in_use_bytes > peak_in_use_bytes) peak_in_use_bytes = in_use_bytes;
+}
+
 static void* Take(size_t size) {
   Lock();
   Block* best = NULL;
@@ -84,8 +89,7 @@ static void* Take(size_t size) {
   if (best) {
     best->in_use = 1;
     free_bytes -= best->size;
-    in_use_bytes += best->size;
-    if (in_use_bytes > peak_in_use_bytes) peak_in_use_bytes = in_use_bytes;
+    CountInUse(best->size);
     Unlock();
     return best->base;
   }
@@ -102,8 +106,7 @@ static void* Take(size_t size) {
     return __libc_memalign(kPageAlignment, size);
   }
   *slot = (Block){(char*)base, mapped, 1, 0};
-  in_use_bytes += mapped;
-  if (in_use_bytes > peak_in_use_bytes) peak_in_use_bytes = in_use_bytes;
+  CountInUse(mapped);
   if ((uintptr_t)base < lowest) __atomic_store_n(&lowest, (uintptr_t)base, __ATOMIC_RELEASE);
   if ((uintptr_t)base + mapped > highest) __atomic_store_n(&highest, (uintptr_t)base + mapped, __ATOMIC_RELEASE);
   Trim();
@@ -144,11 +147,8 @@ void free(void* pointer) {
 
 void* realloc(void* pointer, size_t size) {
   size_t old = pointer ? BlockSize(pointer) : 0;
-  if (!old) {
-    if (size < kThreshold || !pointer) return pointer ? __libc_realloc(pointer, size) : malloc(size);
-    // A glibc block growing past the threshold stays with glibc: its size is unknown here.
-    return __libc_realloc(pointer, size);
-  }
+  // A glibc block stays with glibc, even growing past the threshold: its size is unknown here.
+  if (!old) return pointer ? __libc_realloc(pointer, size) : malloc(size);
   if (size <= old && size >= old - old / 4) return pointer;
   void* moved = malloc(size);
   if (moved) {
