@@ -42,9 +42,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402,F401  (sets the XLA flags before JAX starts)
+from ddim import runtime  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import log  # noqa: E402
+
+if __name__ == "__main__":
+    runtime.restart_with_fast_allocator()  # the arms train at the `ddim train` command's speed
 
 IDX = Path("/usr/share/datasets/fashion-mnist")
 CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot")
