@@ -175,18 +175,22 @@ def plot(args) -> None:
     import matplotlib.pyplot as plt
 
     rows = read_rows(Path(args.out) / "finetune.jsonl")
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, axis = plt.subplots(figsize=(6.5, 4))
+    colours = dict(zip(ARMS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for per_class in sorted({row["per_class"] for row in rows}):
         for arm in ARMS:
-            style = "--" if arm == "scratch" else "-"
             points = sorted((row["minutes"], row["fid"]) for row in rows
                             if row["arm"] == arm and row["per_class"] == per_class)
-            if points:
+            if points:  # an arm keeps its colour; the training set is the line's style
                 label = f"{arm}, {'all 60,000 images' if per_class == 0 else f'{per_class} images per class'}"
-                axis.plot(*zip(*points), style, marker="o", label=label)
-    axis.set_xlabel("minutes of training (2-core CPU)")
+                axis.plot(*zip(*points), "-" if per_class == 0 else "--", marker="o", color=colours[arm],
+                          label=label)
+    step_seconds = {round(60.0 * row["minutes"] / row["step"], 2) for row in rows}
+    pace = f", {step_seconds.pop():g} s a step" if len(step_seconds) == 1 else ""
+    axis.set_xlabel(f"minutes of training (2-core CPU{pace})")
     axis.set_ylabel("FID against the 10,000 test images")
-    axis.legend()
+    axis.set_xticks(sorted({row["minutes"] for row in rows}))
+    axis.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(args.png, dpi=120)
     log(f"wrote {args.png}")

@@ -99,3 +99,28 @@ def test_the_table_orders_rows_by_training_set_minutes_and_arm(tmp_path, capsys)
                          "| 100 per class | 10 | 411 | finetuned | 56.5 | 0.0267 | 14.2 % |",
                          "| 100 per class | 30 | 1,233 | finetuned | 56.5 | 0.0267 | 14.2 % |",
                          "| all 60,000 | 10 | 411 | finetuned | 56.5 | 0.0267 | 14.2 % |"]
+
+
+def test_the_plot_draws_a_line_per_arm_and_training_set_at_the_rows_pace(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    bench = load_benchmark("finetune")
+    rows = [{"arm": arm, "per_class": per_class, "minutes": minutes, "step": round(minutes * 60 / 1.46),
+             "fid": fid} for arm, per_class, minutes, fid in
+            [("scratch", 100, 10, 106.3), ("scratch", 100, 30, 40.4), ("finetuned", 100, 10, 54.3),
+             ("finetuned", 100, 30, 38.6), ("finetuned", 0, 10, 50.0)]]
+    (tmp_path / "finetune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, *a, **k: drawn.append(figure))
+    bench.main(["plot", "--out", str(tmp_path), "--png", str(tmp_path / "curve.png")])
+    (axis,) = drawn[0].axes
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()), line.get_color(),
+                                line.get_linestyle()) for line in axis.get_lines()}
+    assert set(lines) == {"scratch, 100 images per class", "finetuned, 100 images per class",
+                          "finetuned, all 60,000 images"}
+    assert lines["scratch, 100 images per class"][:2] == ([10, 30], [106.3, 40.4])
+    # An arm keeps its colour across training sets; the training set is the line's style.
+    assert lines["finetuned, all 60,000 images"][2] == lines["finetuned, 100 images per class"][2]
+    assert lines["finetuned, 100 images per class"][2] != lines["scratch, 100 images per class"][2]
+    assert lines["finetuned, all 60,000 images"][3] != lines["finetuned, 100 images per class"][3]
+    assert axis.get_xlabel() == "minutes of training (2-core CPU, 1.46 s a step)"
