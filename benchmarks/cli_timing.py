@@ -72,6 +72,7 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(line), flush=True)
         lines.append(line)
         if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
             with args.out.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line) + "\n")
     return lines

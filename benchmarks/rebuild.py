@@ -9,7 +9,8 @@ A recipe is ``benchmarks/recipes/NAME.toml``: settings, and a list of stages, ea
 ...`` or ``python benchmarks/SCRIPT.py ...``, run in this process) or one of two steps of the rebuild itself:
 ``choose`` (a bundle's defaults: the setting of lowest FID among its evaluations at a number of samples) and
 ``record`` (a bundle's record: its scores from its ``ddim eval`` lines, the chosen defaults, the guidance sweep in
-words, the training stages' hardware and wall time). ``{name}`` in a command is a setting of the recipe, ``{out}``
+words, the training stages' hardware and wall time, and the time of ``ddim sample`` that a ``benchmarks/cli_timing.py``
+stage measured). ``{name}`` in a command is a setting of the recipe, ``{out}``
 the output directory, ``{STAGE}`` a ``choose`` stage's setting as ``ddim eval`` options. ``--smoke`` replaces the
 settings by the recipe's ``[smoke]`` ones (a 16x16 network, a few steps, a few samples): the whole chain in seconds.
 
@@ -527,6 +528,8 @@ class Rebuild:
             parts = ", ".join(f"{stage} {duration(float(m.get('seconds', 0.0)))}"
                               for stage, m in zip(options["trained"], trained))
             record["wall_time"] = f"{duration(total)} ({parts}; compilation, data cache and evaluations included)"
+        if options.get("sample_time"):
+            record["sample_time"] = self.sample_time(name, options["sample_time"])
         record["recipe"] = " ".join(["python benchmarks/rebuild.py", self.recipe.name, *(["--smoke"] if self.smoke else []),
                                      *(f"--set {shlex.quote(f'{key}={value}')}" for key, value in self.overrides.items())])
         for key, value in (options.get("words") or {}).items():
@@ -537,6 +540,20 @@ class Rebuild:
         write_record(manifest, record)
         self.say(f"  record of {name}: {len(lines)} scores, the raw lines in {results} (ship it as {source})")
         return {"scores": len(lines), "results": str(results)}
+
+
+    def sample_time(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        """The record's ``sample_time``: the newest ``benchmarks/cli_timing.py`` line of the bundle in ``lines``
+        (this rebuild's timing file), noted as kept in ``results`` (where the project ships the line)."""
+        from ddim.pretrained.record import sample_time_from_line
+        from ddim.workdir.records import read_records
+
+        path = Path(expand(str(options["lines"]), self.settings))
+        command = f"ddim sample --pretrained {name} "
+        lines = [line for line in read_records(path) if str(line.get("command", "")).startswith(command)]
+        if not lines:
+            raise RebuildError(f"no timing of ddim sample --pretrained {name} in {path}")
+        return sample_time_from_line(lines[-1], str(options.get("results", "docs/results/cli-timing.jsonl")))
 
 
 class StageFailed(RebuildError):

@@ -86,6 +86,10 @@ def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, tiny_sta
 
     manifest = find(name, tmp_path / "bundles")
     assert manifest.record["defaults"] and manifest.record["scores"] and manifest.weights_dtype == "float16"
+    if name == "flowers32-velocity":  # its recipe times `ddim sample` with the bundle it made, into the record
+        timing = manifest.record["sample_time"]
+        assert timing["command"] == "ddim sample --pretrained flowers32-velocity --num 16 --out DIR"
+        assert len(timing["wall_seconds"]) == 2 and timing["source"] == "docs/results/cli-timing.jsonl"
 
 
 def write_recipe(root: Path, name: str, text: str) -> Path:
