@@ -114,8 +114,8 @@ def test_resume_skips_a_damaged_checkpoint_and_ends_bit_identical(trained_workdi
     _truncate_data(Workdir(workdir).checkpoints / "6")
     real, holders = state_lib.compiled_steps, []
 
-    def observed(config, mesh=None):  # who holds the work directory while each step runs
-        step_fn, eval_fn = real(config, mesh)
+    def observed(config, mesh=None, source=None):  # who holds the work directory while each step runs
+        step_fn, eval_fn = real(config, mesh, source)
         return (lambda *args: (holders.append(live_holder(workdir)), step_fn(*args))[1]), eval_fn
 
     monkeypatch.setattr(state_lib, "compiled_steps", observed)
@@ -228,8 +228,8 @@ def test_disk_full_during_a_save_is_one_line_keeps_the_last_checkpoint_and_resum
     real = state_lib.compiled_steps
     filler = []
 
-    def fill_after_step_4_is_saved(config, mesh=None):
-        step_fn, eval_fn = real(config, mesh)
+    def fill_after_step_4_is_saved(config, mesh=None, source=None):
+        step_fn, eval_fn = real(config, mesh, source)
 
         def step(state, images, rng):
             if int(state.step) == 5 and not filler:

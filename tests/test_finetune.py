@@ -12,6 +12,7 @@ import ddim
 from ddim.checkpoint import Checkpointer, checkpoint_dir
 from ddim.config import ConfigError
 from ddim.pretrained import export_checkpoint
+from ddim.pretrained.record import describe_init
 from ddim.pretrained.record import facts as describe_facts
 from ddim.train import init as init_lib
 from ddim.train import load_run_config, loop
@@ -220,3 +221,86 @@ def test_adapt_sets_the_normaliser_to_the_new_data_and_keep_leaves_the_source(tr
 def test_a_distilled_student_is_not_a_source():
     with pytest.raises(Exception, match="distilled student"):
         init_lib.load_source("pretrained:flowers32-4step")
+
+
+def test_learning_from_the_source_needs_a_source_and_a_known_choice():
+    with pytest.raises(ConfigError, match='init.targets = "source" needs a source model'):
+        load_run_config(CONFIGS / "smoke.toml", ['init.targets="source"'])
+    with pytest.raises(ConfigError, match="init.targets"):
+        load_run_config(CONFIGS / "smoke.toml", ['init.targets="teacher"'])
+
+
+def test_source_targets_are_the_sources_prediction_in_the_runs_parameterisation(trained_workdir):
+    from ddim.model import bind_denoiser
+    from ddim.objective import Objective, noise_and_image_from_velocity
+
+    source = ddim.load(trained_workdir)
+    teacher = init_lib.SourceTeacher(source.config.model, None)
+    batch = Objective().noisy_batch(jax.random.key(3), jax.random.normal(jax.random.key(4), (4, 16, 16, 3)))
+    goal = init_lib.source_targets(teacher, source.variables, batch, None)
+    noises, images = bind_denoiser(ddim.model.DiffusionModel(source.config.model), source.variables)(
+        batch.noisy_images, batch.noise_rates, batch.signal_rates)
+    assert np.abs(np.asarray(noises)).mean() > 0.01  # a trained network, not the zero output of a fresh one
+    # Unchanged prediction: the target is the source's own output; the noisy images and rates are the run's.
+    np.testing.assert_array_equal(Objective(prediction="noise").target(goal), noises)
+    np.testing.assert_array_equal(goal.noisy_images, batch.noisy_images)
+    # Velocity: the one velocity that gives back the source's noise and image at this noisy input.
+    velocity = Objective(prediction="velocity").target(goal)
+    back = noise_and_image_from_velocity(batch.noisy_images, velocity, batch.noise_rates, batch.signal_rates)
+    np.testing.assert_allclose(back[0], noises, atol=2e-5)
+    np.testing.assert_allclose(back[1], images, atol=2e-5)
+
+
+def test_the_source_sees_the_runs_classes_by_name():
+    from ddim.config import ModelConfig
+
+    source = ModelConfig(class_conditional=True, num_classes=3, class_names=("a", "b", "c"))
+    run = ModelConfig(class_conditional=True, num_classes=3, class_names=("c", "x", "a"))
+    teacher = init_lib.SourceTeacher(source, init_lib.label_rows(source, run))
+    assert teacher.label_rows == (2, -1, 0)
+    labels = init_lib.source_condition(teacher, {"label": np.array([0, 1, 2, -1])}, 4)["label"]
+    np.testing.assert_array_equal(labels, [2, -1, 0, -1])  # a class the source lacks: its null class
+    assert init_lib.label_rows(ModelConfig(), run) is None  # an unconditional source gets no classes
+    unconditional_run = init_lib.SourceTeacher(source, init_lib.label_rows(source, ModelConfig()))
+    np.testing.assert_array_equal(init_lib.source_condition(unconditional_run, None, 2)["label"], [-1, -1])
+
+
+def test_a_run_that_learns_from_its_source_resumes_only_with_the_same_source(trained_workdir, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(trained_workdir, source)
+    workdir = tmp_path / "tuned"
+
+    def config(steps):
+        return finetune_config(source, 'model.prediction="velocity"', 'init.targets="source"',
+                               f"train.max_steps={steps}", "train.checkpoint_every=2")
+
+    with mock_flowers():
+        first = loop.train(config(2), workdir, **QUIET)
+        assert np.isfinite(first.last_metrics["loss"]) and first.last_metrics["loss"] > 0
+        assert loop.train(config(4), workdir, **QUIET).final_step == 4  # the source is read again, unchanged
+        shutil.rmtree(source / "checkpoints" / "6")  # the source's newest weights are now its step 4
+        with pytest.raises(Exception, match="is not the one this run started from"):
+            loop.train(config(6), workdir, **QUIET)
+    checkpointer = Checkpointer(checkpoint_dir(workdir))
+    saved = checkpointer.restore_config(4)
+    checkpointer.close()
+    assert checkpointer.latest_step() == 4 and saved.init.targets == "source"
+    assert describe_init(saved).endswith("learning the source's own predictions")  # a bundle's record says so
+
+
+def test_a_finetune_that_learns_its_own_prediction_from_its_source_starts_near_zero_loss(trained_workdir, tmp_path):
+    from ddim.train import state as state_lib
+
+    losses = {}
+    with mock_flowers():
+        for targets in ("data", "source"):
+            run = loop.TrainingRun.prepare(finetune_config(trained_workdir, f'init.targets="{targets}"',
+                                                           "model.dropout=0.0"), tmp_path / targets, **QUIET)
+            step, _ = state_lib.compiled_steps(run.config, run.mesh, source=run.source)
+            batch = next(run.train_batches())
+            metrics = step(run.state, batch, run.train_rng)[1]
+            losses[targets] = float(metrics.get("loss", metrics["noise_loss"]))  # the Keras loss is the noise MAE
+            run.close()
+    # Against the data the loss is the source's own training loss; against itself only the difference of the
+    # BatchNorm batch statistics (training mode) from the running ones (the source's sampling mode) is left.
+    assert losses["source"] < 0.25 * losses["data"], losses

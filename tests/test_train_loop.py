@@ -57,8 +57,8 @@ def _patched_steps(monkeypatch, after_step):
     real = state_lib.compiled_steps
     counter = {"n": 0}
 
-    def fake(config, mesh=None):
-        step_fn, eval_fn = real(config, mesh)
+    def fake(config, mesh=None, source=None):
+        step_fn, eval_fn = real(config, mesh, source)
 
         def wrapped(state, batch, rng):
             state, metrics = step_fn(state, batch, rng)

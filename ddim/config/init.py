@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddim.config.parsing import choice
+from ddim.config.parsing import ConfigError, choice
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,15 @@ class InitConfig:
     """The input normaliser's statistics (per-channel mean and variance of the training images) at the start:
     "keep" the source's, or "adapt" them to the new data's first ``train.normalizer_batches`` batches. Either
     way training moves them to the new data (momentum 0.99); see docs/finetuning.md for what each measured."""
+    targets: str = "data"
+    """What the fine-tune's loss compares the network's output with: "data" (the training images' own targets:
+    their noise, velocity or clean image, as ``model.prediction`` says) or "source" (the source model's own
+    prediction at the same noisy input, class and noise level, converted to ``model.prediction``: the source
+    teaches itself a new target, as a distillation with one step per step). "source" is for changing what a
+    model predicts on the data it was trained on: the targets carry none of the noise of the data's (the one
+    velocity a noisy image is consistent with, not one draw of it), so the new network copies the source's
+    function instead of learning it again; each step runs the source once more (about 1.3 times a step's
+    cost). On new data it would keep the source's images, so fine-tunes on new data use "data"."""
     source_step: int = -1
     """Filled in when the run starts: the training step of the source's weights (-1: no source)."""
     source_sha256: str = ""
@@ -41,3 +50,7 @@ def validate_init(i: InitConfig) -> None:
     """Check the ``[init]`` choices."""
     choice("init.new_classes", i.new_classes, ("null", "mean", "random"))
     choice("init.normalizer", i.normalizer, ("keep", "adapt"))
+    choice("init.targets", i.targets, ("data", "source"))
+    if i.targets == "source" and not i.source:
+        raise ConfigError('init.targets = "source" needs a source model to learn from: set init.source '
+                          "(ddim train --init SOURCE)")

@@ -268,7 +268,9 @@ def _class_accuracy(score: dict[str, Any] | None, *, samples: bool = True) -> st
 def describe_init(config: Config) -> str:
     """Where a fine-tuned model's first weights came from, in words (its ``[init]``)."""
     init = config.init
-    return f"from {init.source} (its step {init.source_step:,}, weights sha256 {init.source_sha256[:16]}...)"
+    learned = ", learning the source's own predictions" if init.targets == "source" else ""
+    return (f"from {init.source} (its step {init.source_step:,}, weights sha256 {init.source_sha256[:16]}...)"
+            f"{learned}")
 
 
 def network_passes(model, setting: dict[str, Any]) -> int:

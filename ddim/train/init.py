@@ -10,15 +10,20 @@ read as sampling reads it (:func:`ddim.pretrained.registry.load_source`). The ru
 - starts from the source's averaged (EMA) weights, the ones it samples with, with a fresh optimiser at step 0
   (:func:`initial_variables`), its classes matched by name (:func:`class_table`);
 - records the source, its step and its weights' SHA-256 in ``[init]``, so every checkpoint and a bundle
-  exported from it say where it came from.
+  exported from it say where it came from;
+- with ``init.targets = "source"``, learns the source's own predictions instead of the data's targets
+  (:func:`source_targets`): the source runs inside every train step, reloaded (and its digest checked) on resume.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ddim.config import Config, ConfigError, ModelConfig, config_values, from_dict
@@ -176,5 +181,82 @@ def _numpy(tree):
 def describe(config: Config) -> str:
     """The log line of a fine-tune's start."""
     i = config.init
+    targets = "; targets: the source's own predictions" if i.targets == "source" else ""
     return (f"init: fine-tuning from {i.source} (its step {i.source_step}, weights sha256 {i.source_sha256[:16]}...; "
-            f"normaliser: {i.normalizer}, new classes: {i.new_classes})")
+            f"normaliser: {i.normalizer}, new classes: {i.new_classes}{targets})")
+
+
+@dataclass(frozen=True)
+class SourceTeacher:
+    """What a train step needs to know, at trace time, to run the source (``init.targets = "source"``)."""
+
+    model: ModelConfig
+    """The source's network and what it predicts."""
+    label_rows: tuple[int, ...] | None
+    """The source's class row of each of the run's classes, matched by name (-1: a class the source does not
+    know, taught by its null class); None for an unconditional source."""
+
+
+class SourceTargets(NamedTuple):
+    """The source of a run that learns from it: its :class:`SourceTeacher` and its (replicated) EMA variables."""
+
+    teacher: SourceTeacher
+    variables: Any
+
+
+def label_rows(source: ModelConfig, run: ModelConfig) -> tuple[int, ...] | None:
+    """:attr:`SourceTeacher.label_rows`: the source's row of each run class by name (() when the run has none)."""
+    if not source.class_conditional:
+        return None
+    if not run.class_conditional:
+        return ()
+    rows = {name: row for row, name in enumerate(_names(source))}
+    return tuple(rows.get(name, -1) for name in _names(run))
+
+
+def _names(model: ModelConfig) -> tuple[str, ...]:
+    return model.class_names or tuple(str(i) for i in range(model.num_classes))
+
+
+def source_condition(teacher: SourceTeacher, cond, batch_size: int):
+    """The source's ``cond`` for a batch the run conditions on ``cond``: the same classes as the source numbers
+    them, the null class (-1) where the run's label is the null class or a class the source does not know."""
+    if teacher.label_rows is None:
+        return None
+    if cond is None or not teacher.label_rows:
+        return {"label": jnp.full((batch_size,), -1, jnp.int32)}
+    labels = cond["label"]
+    rows = jnp.asarray(teacher.label_rows, jnp.int32)[jnp.maximum(labels, 0)]
+    return {"label": jnp.where(labels < 0, -1, rows)}
+
+
+def source_targets(teacher: SourceTeacher, variables, batch, cond):
+    """``batch`` (a :class:`ddim.objective.NoisyBatch`) with the source's predicted clean images and noise in place
+    of the true ones, so that the run's :meth:`~ddim.objective.Objective.loss_value` scores its output against the
+    source's prediction at the same noisy input, converted to the run's ``model.prediction``.
+
+    The source runs as it samples (inference mode: its BatchNorm running statistics, no dropout) on the run's
+    normalised noisy images; its predicted pair satisfies ``x_t = alpha x_0 + sigma eps`` exactly, so the velocity
+    it implies, ``alpha eps - sigma x_0`` (Salimans & Ho 2022, section 4), is the velocity that makes a velocity
+    network sample as the source does (the self-distillation of a change of parameterisation).
+    """
+    from ddim.model import DiffusionModel
+
+    cond = source_condition(teacher, cond, batch.noisy_images.shape[0])
+    noises, images = DiffusionModel(teacher.model).apply(
+        variables, batch.noisy_images, batch.noise_rates, batch.signal_rates, False, cond,
+        method=DiffusionModel.denoise)
+    return batch._replace(images=jax.lax.stop_gradient(images), noises=jax.lax.stop_gradient(noises))
+
+
+def teacher_source(config: Config, loaded, check_digest: bool = False) -> SourceTargets:
+    """The :class:`SourceTargets` of a run with ``init.targets = "source"``, from its loaded source. On resume
+    (``check_digest``) the source must still be the one the run started from: its SHA-256 is the record's."""
+    if check_digest:
+        digest = weights_sha256(loaded)
+        if digest != config.init.source_sha256:
+            raise UserError(f"the source model {config.init.source} is not the one this run started from (weights "
+                            f"sha256 {digest[:16]}..., the run's record says {config.init.source_sha256[:16]}...): "
+                            'with init.targets = "source" it teaches every step; restore it or start a new run')
+    teacher = SourceTeacher(loaded.config.model, label_rows(loaded.config.model, config.model))
+    return SourceTargets(teacher, jax.tree.map(jnp.asarray, loaded.variables))

@@ -64,7 +64,7 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
     actions, state, info, stopped, action_seconds = [], run.state, None, False, 0.0
     try:
         actions = default_actions(run, kid_extractor_factory)
-        step_fn, _ = state_lib.compiled_steps(config, run.mesh)
+        step_fn, _ = state_lib.compiled_steps(run.config, run.mesh, source=run.source)
         batches = run.train_batches()
         started = time.perf_counter()
         with StopRequest(run.mesh) as stop:
@@ -136,6 +136,8 @@ class TrainingRun(RunOutputs):
     is_writer: bool
     metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
     data: data_lib.Data | None = None
+    source: init_lib.SourceTargets | None = None
+    """The source model a run learns from (``init.targets = "source"``), else None."""
     lock: WorkdirLock | None = None
     finished: bool = False
 
@@ -179,16 +181,17 @@ class TrainingRun(RunOutputs):
         except BaseException:
             checkpointer.close()
             raise
-        latest, init_note = None, None
+        latest, init_note, loaded_source = None, None, None
         if resumed is not None:
             latest, state = resumed
-            if config.init.source:  # the run's own checkpoints win; its record of the source stays
+            if config.init.source:  # the run's own checkpoints win
                 init_note = (f"{workdir} already has checkpoints: resuming from step {int(state.step)}; "
                              f"--init {config.init.source} is not read")
-                config = dataclasses.replace(config, init=checkpointer.restore_config(latest).init)
+            # The run's record of its source stays, whatever the config resuming it says.
+            config = dataclasses.replace(config, init=checkpointer.restore_config(latest).init)
         else:
             if config.init.source:
-                config, state = _start_from_source(config, state, mesh)
+                config, state, loaded_source = _start_from_source(config, state, mesh)
                 init_note = init_lib.describe(config)
             if t.normalizer_batches and (not config.init.source or config.init.normalizer == "adapt"):
                 # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
@@ -197,6 +200,16 @@ class TrainingRun(RunOutputs):
                 stats = state_lib.image_statistics(first)
                 state = parallel.replicate(state_lib.set_normalizer_stats(state, *stats), mesh)
         start_step = int(state.step)
+        source = None
+        if config.init.targets == "source":
+            try:  # on resume the source is read again, and must be the one the run started from
+                checked = loaded_source is None
+                loaded_source = loaded_source or init_lib.load_source(config.init.source)
+                source = init_lib.teacher_source(config, loaded_source, check_digest=checked)
+            except BaseException:
+                checkpointer.close()
+                raise
+            source = source._replace(variables=parallel.replicate(source.variables, mesh))
 
         progress = Progress(total_steps, start_step, description=config.name)
         say = log or progress.log
@@ -219,7 +232,7 @@ class TrainingRun(RunOutputs):
         return cls(
             config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
             checkpointer, train_images, val_images, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
-            grid_rng, is_writer, data=data,
+            grid_rng, is_writer, data=data, source=source,
         )
 
     def train_batches(self) -> Iterator[dict[str, jax.Array]]:
@@ -297,15 +310,15 @@ def with_data_classes(config: Config, data) -> Config:
     return dataclasses.replace(config, model=model)
 
 
-def _start_from_source(config: Config, state: TrainState, mesh) -> tuple[Config, TrainState]:
+def _start_from_source(config: Config, state: TrainState, mesh) -> tuple[Config, TrainState, Any]:
     """A fine-tune's first state (:mod:`ddim.train.init`): the source's EMA weights as parameters and averages,
-    a fresh optimiser at step 0; and ``config`` with the source's step and weights' digest."""
+    a fresh optimiser at step 0; ``config`` with the source's step and weights' digest; and the loaded source."""
     loaded = init_lib.load_source(config.init.source)
     init_lib.check_fits_source(config, loaded.config)
     config = init_lib.with_source_record(config, loaded)
     fresh = {"params": state.params, "batch_stats": state.batch_stats}
     variables = init_lib.initial_variables(config, loaded, fresh)
-    return config, parallel.replicate(state_lib.with_variables(state, variables), mesh)
+    return config, parallel.replicate(state_lib.with_variables(state, variables), mesh), loaded
 
 
 def _resume(checkpointer: Checkpointer, step: int, config: Config, template: TrainState) -> TrainState:

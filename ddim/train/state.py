@@ -23,6 +23,7 @@ from ddim.checkpoint.ema import ema_variables as checkpoint_ema_variables
 from ddim.config import Config, ConfigError
 from ddim.model import DiffusionModel, init_variables
 from ddim.objective import Objective
+from ddim.train import init as init_lib
 
 
 class TrainState(train_state.TrainState):
@@ -152,7 +153,8 @@ def class_condition(batch, rng, label_dropout: float | None):
 
 
 def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool,
-               objective: Objective = Objective(), label_dropout: float | None = None):
+               objective: Objective = Objective(), label_dropout: float | None = None,
+               teacher: init_lib.SourceTeacher | None = None, source_variables=None):
     """One optimiser step on ``objective``'s loss, then the EMA update.
 
     ``batch`` is ``{"image": uint8 (B, H, W, C), "label": int32 (B,)}``; ``rng``
@@ -162,7 +164,10 @@ def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool
     noise and clean image, alike for every objective) and, when the objective
     is not the Keras example's noise MAE, the optimised ``loss``. A
     class-conditional model (``label_dropout`` not None) sees the batch's labels,
-    some dropped to the null class.
+    some dropped to the null class. With a ``teacher`` (``init.targets = "source"``)
+    the loss compares the output with the source's prediction at the same noisy
+    input (:func:`ddim.train.init.source_targets`; ``source_variables`` are the
+    source's); the noise and image losses still score against the data.
     """
     rng = jax.random.fold_in(rng, state.step)
     images = to_float(batch["image"])
@@ -173,12 +178,13 @@ def train_step(state: TrainState, batch, rng, ema_decay: float, ema_warmup: bool
             {"params": params, "batch_stats": state.batch_stats}, images, rng, train=True, cond=cond,
             mutable=["batch_stats"], rngs={"dropout": jax.random.fold_in(rng, 1)},
         )
-        return objective.loss_value(noisy, outputs), (objective.metrics(noisy, outputs), updates)
+        goal = noisy if teacher is None else init_lib.source_targets(teacher, source_variables, noisy, cond)
+        return objective.loss_value(goal, outputs), (objective.metrics(noisy, outputs), updates)
 
     (loss, (metrics, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     new_state = state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
     new_state = update_ema(new_state, state.step, ema_decay, ema_warmup)
-    if not objective.is_reference:
+    if not objective.is_reference or teacher is not None:
         metrics = {**metrics, "loss": loss}
     return new_state, metrics
 
@@ -194,26 +200,32 @@ def eval_step(state: TrainState, batch, rng, objective: Objective = Objective(),
     return metrics
 
 
-def compiled_steps(config: Config, mesh=None):
+def compiled_steps(config: Config, mesh=None, source: init_lib.SourceTargets | None = None):
     """Jitted train and eval steps of ``config``'s run over ``mesh`` (default: all devices).
 
     The EMA settings and the :class:`~ddim.objective.Objective` come from the
     config. Inputs arrive replicated (state, key) and batch-sharded (the batch);
     outputs are pinned replicated, so XLA all-reduces gradients and BatchNorm
-    statistics across devices. The train step donates the old state.
+    statistics across devices. The train step donates the old state. A run that
+    learns from its source (``init.targets = "source"``) passes it as ``source``;
+    its train step still takes ``(state, batch, rng)``.
     """
     t = config.train
     label_dropout = t.label_dropout if config.model.class_conditional else None
-    return _compiled_steps(t.ema_decay, t.ema_warmup, Objective.of(config.model, config), label_dropout,
-                           mesh or parallel.data_mesh())
+    step, evaluate = _compiled_steps(t.ema_decay, t.ema_warmup, Objective.of(config.model, config), label_dropout,
+                                     mesh or parallel.data_mesh(), source.teacher if source is not None else None)
+    if source is not None:
+        # The source's weights are an argument, not a constant folded into the compiled step.
+        step = functools.partial(step, source_variables=source.variables)
+    return step, evaluate
 
 
 @functools.cache
-def _compiled_steps(ema_decay: float, ema_warmup: bool, objective: Objective, label_dropout, mesh):
+def _compiled_steps(ema_decay: float, ema_warmup: bool, objective: Objective, label_dropout, mesh, teacher=None):
     replicated = parallel.replicated(mesh)
     step = jax.jit(
         functools.partial(train_step, ema_decay=ema_decay, ema_warmup=ema_warmup, objective=objective,
-                          label_dropout=label_dropout),
+                          label_dropout=label_dropout, teacher=teacher),
         donate_argnums=(0,),
         out_shardings=(replicated, replicated),
     )
