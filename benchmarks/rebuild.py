@@ -541,7 +541,6 @@ class Rebuild:
         self.say(f"  record of {name}: {len(lines)} scores, the raw lines in {results} (ship it as {source})")
         return {"scores": len(lines), "results": str(results)}
 
-
     def sample_time(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
         """The record's ``sample_time``: the newest ``benchmarks/cli_timing.py`` line of the bundle in ``lines``
         (this rebuild's timing file), noted as kept in ``results`` (where the project ships the line)."""

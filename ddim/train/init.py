@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddim import parallel
 from ddim.config import Config, ConfigError, ModelConfig, config_values, from_dict
 from ddim.config.parsing import plain
 from ddim.errors import UserError
@@ -138,12 +139,10 @@ def class_table(source: ModelConfig, target: ModelConfig, table: np.ndarray | No
         mean = null
     else:
         null = table[-1]
-        names = source.class_names or tuple(str(i) for i in range(source.num_classes))
-        known = {name: table[row] for row, name in enumerate(names)}
+        known = {name: table[row] for row, name in enumerate(_names(source))}
         mean = table[:-1].mean(axis=0) if len(table) > 1 else null
     rows = []
-    target_names = target.class_names or tuple(str(i) for i in range(target.num_classes))
-    for row, name in enumerate(target_names):
+    for row, name in enumerate(_names(target)):
         if name in known:
             rows.append(known[name])
         else:
@@ -173,8 +172,6 @@ def initial_variables(config: Config, loaded, fresh: dict[str, Any]) -> dict[str
 
 
 def _numpy(tree):
-    import jax
-
     return jax.tree.map(np.asarray, tree)
 
 
@@ -249,9 +246,10 @@ def source_targets(teacher: SourceTeacher, variables, batch, cond):
     return batch._replace(images=jax.lax.stop_gradient(images), noises=jax.lax.stop_gradient(noises))
 
 
-def teacher_source(config: Config, loaded, check_digest: bool = False) -> SourceTargets:
-    """The :class:`SourceTargets` of a run with ``init.targets = "source"``, from its loaded source. On resume
-    (``check_digest``) the source must still be the one the run started from: its SHA-256 is the record's."""
+def teacher_source(config: Config, loaded, mesh, check_digest: bool = False) -> SourceTargets:
+    """The :class:`SourceTargets` of a run with ``init.targets = "source"``, from its loaded source, its variables
+    replicated over ``mesh``. On resume (``check_digest``) the source must still be the one the run started from:
+    its SHA-256 is the record's."""
     if check_digest:
         digest = weights_sha256(loaded)
         if digest != config.init.source_sha256:
@@ -259,4 +257,4 @@ def teacher_source(config: Config, loaded, check_digest: bool = False) -> Source
                             f"sha256 {digest[:16]}..., the run's record says {config.init.source_sha256[:16]}...): "
                             'with init.targets = "source" it teaches every step; restore it or start a new run')
     teacher = SourceTeacher(loaded.config.model, label_rows(loaded.config.model, config.model))
-    return SourceTargets(teacher, jax.tree.map(jnp.asarray, loaded.variables))
+    return SourceTargets(teacher, parallel.replicate(loaded.variables, mesh))

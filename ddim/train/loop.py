@@ -205,11 +205,10 @@ class TrainingRun(RunOutputs):
             try:  # on resume the source is read again, and must be the one the run started from
                 checked = loaded_source is None
                 loaded_source = loaded_source or init_lib.load_source(config.init.source)
-                source = init_lib.teacher_source(config, loaded_source, check_digest=checked)
+                source = init_lib.teacher_source(config, loaded_source, mesh, check_digest=checked)
             except BaseException:
                 checkpointer.close()
                 raise
-            source = source._replace(variables=parallel.replicate(source.variables, mesh))
 
         progress = Progress(total_steps, start_step, description=config.name)
         say = log or progress.log
