@@ -121,8 +121,11 @@ def arm_config(arm: str, train_dir: Path, total_steps: int, overrides: list[str]
     from ddim.train import load_run_config
 
     source, settings = ARMS[arm]
+    # The marks count optimiser steps, so the config's epochs must not end a run first: on 100 images per class
+    # flowers32's 100 epochs are 1,500 steps. An epoch is at least one step, so total_steps epochs never bind.
     return load_run_config(CONFIG, [*BENCH_SETTINGS, f"data.image_dir={json.dumps(str(train_dir))}",
-                                    f"train.lr_decay_steps={total_steps}", *settings, *overrides], init=source)
+                                    f"train.num_epochs={total_steps}", f"train.lr_decay_steps={total_steps}",
+                                    *settings, *overrides], init=source)
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -124,3 +124,10 @@ def test_the_plot_draws_a_line_per_arm_and_training_set_at_the_rows_pace(tmp_pat
     assert lines["finetuned, 100 images per class"][2] != lines["scratch, 100 images per class"][2]
     assert lines["finetuned, all 60,000 images"][3] != lines["finetuned, 100 images per class"][3]
     assert axis.get_xlabel() == "minutes of training (2-core CPU, 1.46 s a step)"
+
+
+def test_the_marks_and_not_the_configs_epochs_end_a_run(tmp_path):
+    """On 100 images per class the config's 100 epochs are 1,500 steps: a 90-minute mark is more."""
+    bench = load_benchmark("finetune")
+    config = bench.arm_config("scratch", tmp_path, 3699, ["train.max_steps=3699"])
+    assert config.train.num_epochs >= 3699 and config.train.max_steps == 3699 and config.train.lr_decay_steps == 3699
