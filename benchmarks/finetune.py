@@ -1,4 +1,4 @@
-"""Fine-tuned from flowers32 against trained from scratch, on images neither has seen: Fashion-MNIST at 32x32.
+"""Fine-tuned from flowers32-noise against trained from scratch, on images neither has seen: Fashion-MNIST at 32x32.
 
 Run:  python benchmarks/finetune.py export /data/fashion32 [--idx /usr/share/datasets/fashion-mnist]
       python benchmarks/finetune.py run --data /data/fashion32 --out runs/finetune-fashion --step-seconds S \
@@ -11,12 +11,12 @@ folders by class at 32x32 (bilinear from 28x28, grayscale PNGs that training rea
 
 ``run`` trains the arms with ``configs/finetune32.toml`` (the same settings: flowers32's network and recipe) on
 each training folder (``--per-class 0`` is all images), ``scratch`` from random weights and ``finetuned`` from
-``pretrained:flowers32`` (``ddim train --init``); ``--arms`` adds fine-tunes that start differently (:data:`ARMS`:
-new classes as the null class or at the mean class vector, the input normaliser adapted), and scores each at
-``--minutes`` of training: FID and KID with the standard FID Inception against all 10,000 test images, and class
-accuracy (a classifier on the FID features of the test images), ``--num`` samples of 20 DDIM steps on the uniform
-grid, guidance 1, seed 0. A minute of training is ``60 / --step-seconds`` optimiser steps, the step time of this
-config on the machine measured on its own (``python benchmarks/bench.py --config configs/finetune32.toml``:
+``pretrained:flowers32-noise`` (``ddim train --init``; it predicts noise, as the config does); ``--arms`` adds
+fine-tunes that start differently (:data:`ARMS`: new classes as the null class or at the mean class vector, the
+input normaliser adapted), and scores each at ``--minutes`` of training: FID and KID with the standard FID
+Inception against all 10,000 test images, and class accuracy (a classifier on the FID features of the test
+images), ``--num`` samples of 20 DDIM steps on the uniform grid, guidance 1, seed 0. A minute of training is
+``60 / --step-seconds`` optimiser steps, the step time of this config on the machine measured on its own (``python benchmarks/bench.py --config configs/finetune32.toml``:
 seconds a step = batch 64 / its images per second), so the comparison holds whatever else the machine does while
 it runs; both arms take the same steps (fine-tuning only adds the few seconds that load the source). Each run's
 schedule is the longest mark's, and it trains in segments up to each mark (a stop and a resume are exact), so the
@@ -54,7 +54,7 @@ IDX = Path("/usr/share/datasets/fashion-mnist")
 CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot")
 """Fashion-MNIST's ten classes in label order (its README's names, as folder names)."""
 SIZE = 32
-SOURCE = "pretrained:flowers32"
+SOURCE = "pretrained:flowers32-noise"
 CONFIG = REPO / "configs" / "finetune32.toml"
 BENCH_SETTINGS = ["data.val_fraction=0.0", "data.dataset_repetitions=1", "train.eval_every=0",
                   "train.checkpoint_every=100000", "train.keep_checkpoints=10"]

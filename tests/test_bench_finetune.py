@@ -67,7 +67,7 @@ def test_run_trains_and_scores_both_arms_at_each_mark_once(tmp_path):
     from ddim.checkpoint import Checkpointer, checkpoint_dir
 
     checkpointer = Checkpointer(checkpoint_dir(tmp_path / "out" / "finetuned-2"))
-    assert checkpointer.restore_config(2).init.source == "pretrained:flowers32"
+    assert checkpointer.restore_config(2).init.source == "pretrained:flowers32-noise"
     assert checkpointer.restore_config(2).train.lr_decay_steps == 2  # one schedule, the longest mark's
     checkpointer.close()
     bench.main(run, feature_extractor_factory=tiny_extractor)  # a rerun does only what is missing: nothing

@@ -144,11 +144,11 @@ def test_a_guide_quotes_a_bundled_models_figures_as_its_record_has_them(page):
 
 
 def test_the_check_catches_a_figure_the_record_does_not_hold(tmp_path):
-    record = json.loads((PACKAGE_ROOT / "flowers32" / "model.json").read_text())["record"]
+    record = json.loads((PACKAGE_ROOT / "flowers32-noise" / "model.json").read_text())["record"]
     figures = recorded_figures(record)
     assert {"29.3", "19.6", "0.0070", "76.2", "30.6"} <= figures  # the table's, and its guidance sentence's
     page = tmp_path / "page.md"
-    page.write_text("`flowers32` scores FID 33.0 at its defaults.\n\n| model | FID |\n| --- | --- |\n"
+    page.write_text("`flowers32-noise` scores FID 33.0 at its defaults.\n\n| model | FID |\n| --- | --- |\n"
                     "| `flowers64` | 39.2 (40.4 at 5,000) |\n")
     found = [figure for _, quoted in blocks(page) for figure in quoted]
     assert found == ["33.0", "39.2", "40.4"] and "33.0" not in figures

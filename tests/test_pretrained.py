@@ -469,4 +469,19 @@ def test_sample_of_a_bundled_class_model_tips_its_best_guidance_only_when_asked_
     result = invoke("sample", "--pretrained", "flowers32", "--steps", 1, "--num", 1, "--out", tmp_path / "b",
                     "--no-grid", "--guidance", 1)
     assert result.exit_code == 0, result.output
-    assert "tip: flowers32 scored its best FID at --guidance 1.5, its default" in result.output
+    assert "tip: flowers32 scored its best FID at --guidance 1.75, its default" in result.output
+
+
+def test_every_bundled_fine_tune_names_a_bundled_source_by_its_weights():
+    """A bundle fine-tuned from a bundled model (flowers32 from flowers32-noise) records that model's step and
+    the SHA-256 of the weights it ships, so its record and the source it names agree; a student names its teacher."""
+    models = {manifest.name: manifest for manifest in available(PACKAGE_ROOT)}
+    fine_tunes = [manifest for manifest in models.values() if manifest.config.init.source.startswith("pretrained:")]
+    assert "flowers32" in [manifest.name for manifest in fine_tunes]
+    for manifest in fine_tunes:
+        source = models[manifest.config.init.source.removeprefix("pretrained:")]
+        assert manifest.config.init.source_sha256 == source.sha256, manifest.name
+        assert manifest.config.init.source_step == source.record["steps"], manifest.name
+    flowers32 = models["flowers32"].config
+    assert flowers32.model.prediction == "velocity" and flowers32.init.targets == "source"
+    assert models["flowers32-4step"].config.model.distilled_from == "pretrained:flowers32-noise"

@@ -78,7 +78,8 @@ def test_the_smoke_rebuild_runs_the_whole_chain_then_skips_every_stage(tmp_path,
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name in rebuild.recipe_names() if name != "flowers64"])
 def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, tiny_standard_network, monkeypatch):
-    """flowers32's chain as flowers64's without the student; flowers32-4step's distils the bundled flowers32."""
+    """flowers32-noise's chain as flowers64's without the student; flowers32's fine-tunes the bundled flowers32-noise;
+    flowers32-4step's distils it."""
     monkeypatch.delenv("DDIM_PRETRAINED_DIR", raising=False)
     with mock_flowers(24):
         assert rebuild.main([name, "--out", str(tmp_path), "--smoke"]) == 0
@@ -86,9 +87,9 @@ def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, tiny_sta
 
     manifest = find(name, tmp_path / "bundles")
     assert manifest.record["defaults"] and manifest.record["scores"] and manifest.weights_dtype == "float16"
-    if name == "flowers32-velocity":  # its recipe times `ddim sample` with the bundle it made, into the record
+    if name == "flowers32":  # its recipe times `ddim sample` with the bundle it made, into the record
         timing = manifest.record["sample_time"]
-        assert timing["command"] == "ddim sample --pretrained flowers32-velocity --num 16 --out DIR"
+        assert timing["command"] == "ddim sample --pretrained flowers32 --num 16 --out DIR"
         assert len(timing["wall_seconds"]) == 2 and timing["source"] == "docs/results/cli-timing.jsonl"
 
 
