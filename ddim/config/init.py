@@ -38,8 +38,8 @@ class InitConfig:
     model predicts on the data it was trained on: the targets are the source's estimate of the mean velocity
     at each noisy image, where the data's are one draw scattered around it, so the new network copies the
     source's function instead of learning it again (docs/finetuning.md measures both); each step runs the
-    source once more (1.2 times a step's time for flowers32's network at batch 64 on a 2-core CPU). On new data
-    it would keep the source's images, so fine-tunes on new data use "data"."""
+    source once more (1.2 to 1.5 times a step's time for flowers32's network at batch 64 on a 2-core CPU). On
+    new data it would keep the source's images, so fine-tunes on new data use "data"."""
     source_step: int = -1
     """Filled in when the run starts: the training step of the source's weights (-1: no source)."""
     source_sha256: str = ""
