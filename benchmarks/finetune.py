@@ -16,13 +16,13 @@ fine-tunes that start differently (:data:`ARMS`: new classes as the null class o
 input normaliser adapted), and scores each at ``--minutes`` of training: FID and KID with the standard FID
 Inception against all 10,000 test images, and class accuracy (a classifier on the FID features of the test
 images), ``--num`` samples of 20 DDIM steps on the uniform grid, guidance 1, seed 0. A minute of training is
-``60 / --step-seconds`` optimiser steps, the step time of this config on the machine measured on its own (``python benchmarks/bench.py --config configs/finetune32.toml``:
-seconds a step = batch 64 / its images per second), so the comparison holds whatever else the machine does while
-it runs; both arms take the same steps (fine-tuning only adds the few seconds that load the source). Each run's
-schedule is the longest mark's, and it trains in segments up to each mark (a stop and a resume are exact), so the
-earlier marks are points of the one run. Every arm reaches a mark before any goes on to the next, so a stopped
-benchmark leaves comparable rows. Rows go to ``<out>/finetune.jsonl``; a rerun trains and scores only what is
-missing.
+``60 / --step-seconds`` optimiser steps, the step time of this config on the machine measured on its own
+(``python benchmarks/bench.py --config configs/finetune32.toml``: seconds a step = batch 64 / its images per
+second), so the comparison holds whatever else the machine does while it runs; both arms take the same steps
+(fine-tuning only adds the few seconds that load the source). Each run's schedule is the longest mark's, and it
+trains in segments up to each mark (a stop and a resume are exact), so the earlier marks are points of the one
+run. Every arm reaches a mark before any goes on to the next, so a stopped benchmark leaves comparable rows. Rows
+go to ``<out>/finetune.jsonl``; a rerun trains and scores only what is missing.
 
 ``table`` prints the rows as a Markdown table; ``plot`` draws FID against minutes for every arm (matplotlib:
 ``pip install -e ".[bench]"``).

@@ -96,8 +96,8 @@ SPACING_HELP = ("Time grid: " + "; ".join(f"{name} ({summary})" for name, summar
 
 def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
     """One sentence when few steps are asked of a sampler and grid that did worse there than dpmpp-2m on the
-    log-SNR grid (the best FID at 5 and 10 steps on flowers32-noise; docs/sampling.md), else None. From 20 steps on
-    the choice is within 1 FID on the bundled models, so it gets no tip."""
+    log-SNR grid (the best FID at 5 and 10 steps on flowers32-noise; docs/sampling.md), else None. From 20 steps
+    on the choice is within 1 FID on the bundled models, so it gets no tip."""
     if steps > FEW_STEPS or (sampler, spacing) == FEW_STEPS_BEST:
         return None
     return (f"tip: at {FEW_STEPS} steps or fewer, --sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]} "

@@ -23,8 +23,8 @@ class InitConfig:
     embedding's own initialisation: distinct vectors, so the new classes tell apart from the first step), "null"
     (a copy of the source's null-class vector, so the class starts as the source's unconditional prediction; zero
     for an unconditional source, so the class starts as the source) or "mean" (the mean of the source's class
-    vectors). "random" is the default by measurement: flowers32-noise fine-tuned on Fashion-MNIST's ten classes for 411
-    steps put the asked class in 60.7 % of its samples against 14.2 % with "null" and 11.1 % with "mean", at a
+    vectors). "random" is the default by measurement: flowers32-noise fine-tuned on Fashion-MNIST's ten classes for
+    411 steps put the asked class in 60.7 % of its samples against 14.2 % with "null" and 11.1 % with "mean", at a
     lower FID (54.3 against 56.5 and 58.3; docs/finetuning.md)."""
     normalizer: str = "keep"
     """The input normaliser's statistics (per-channel mean and variance of the training images) at the start:
