@@ -40,6 +40,16 @@ def test_keeps_only_the_last_k(tmp_path):
     assert ckpt.Checkpointer(tmp_path).all_steps() == [2, 3]
 
 
+def test_keep_every_also_keeps_the_multiples_for_good(tmp_path):
+    config = tiny_config()
+    state_dict = train_lib.state_to_dict(train_lib.create_train_state(config, jax.random.key(0)))
+    checkpointer = ckpt.Checkpointer(tmp_path, keep=1, keep_every=2)
+    for step in (1, 2, 3, 4, 5):
+        checkpointer.save(step, state_dict, config)
+    checkpointer.close()
+    assert ckpt.Checkpointer(tmp_path).all_steps() == [2, 4, 5]
+
+
 def test_locate_errors_and_forms(trained_workdir, tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="no checkpoints in"):
         ckpt.locate(workdir=tmp_path)

@@ -40,7 +40,8 @@ class Checkpointer:
 
     Retention is orbax's: the ``keep`` most recent steps, or, with
     ``best_metric``, the ``keep`` steps whose saved metric of that name is best
-    (lowest with ``best_mode="min"``); see :meth:`save`'s ``metrics``.
+    (lowest with ``best_mode="min"``); see :meth:`save`'s ``metrics``. With
+    ``keep_every``, every step that is a multiple of it is kept as well.
     ``create=False`` opens existing checkpoints read-only (sampling, eval).
     """
 
@@ -51,6 +52,7 @@ class Checkpointer:
         create: bool = True,
         best_metric: str | None = None,
         best_mode: str = "min",
+        keep_every: int = 0,
     ):
         ocp = orbax()
         self.directory = Path(directory).absolute()
@@ -70,7 +72,8 @@ class Checkpointer:
         # it saves again; orbax does that on process 0 only, as multi-host storage is shared.
         # Readers (create=False) leave them: they may belong to a save in progress.
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=create, cleanup_tmp_directories=create, **best
+            max_to_keep=keep, keep_period=keep_every or None, create=create, cleanup_tmp_directories=create,
+            **best,
         )
         try:
             self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "config"))

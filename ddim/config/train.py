@@ -59,6 +59,9 @@ class TrainConfig:
     """Save a checkpoint every this many steps (also at the end of every epoch and of training)."""
     keep_checkpoints: int = 3
     """How many of the most recent checkpoints to keep."""
+    keep_checkpoints_every: int = 0
+    """Also keep, for good, every checkpoint whose step is a multiple of this (orbax's ``keep_period``), so a run
+    can be scored at several lengths afterwards; 0: only the most recent ``keep_checkpoints``."""
     eval_every: int = 1
     """Validation loss and a sample grid every this many epochs (0 disables both)."""
     eval_batches: int = 0
@@ -98,6 +101,7 @@ def validate_train(t: TrainConfig) -> None:
     at_least(0, {
         "train.max_steps": t.max_steps,
         "train.eval_every": t.eval_every,
+        "train.keep_checkpoints_every": t.keep_checkpoints_every,
         "train.eval_batches": t.eval_batches,
         "train.normalizer_batches": t.normalizer_batches,
         "train.kid_images": t.kid_images,
