@@ -18,7 +18,7 @@ FID Inception, KID over all samples, class accuracy for a class-conditional mode
 - with ``--clip``, every student at its best scale and the teacher's path again, each step's image prediction
   clipped to the pixels' range (``SamplingSpec.clip``);
 - the teacher's defaults (a bundled model's best measured setting: for flowers32 20 steps of dpmpp-2m, guidance
-  1.5, 40 passes), at every ``--teacher-num`` (default: ``--num``).
+  1.75, 40 passes), at every ``--teacher-num`` (default: ``--num``).
 
 ``--step-cost CONFIG`` instead measures what one optimiser step of each kind costs with the teacher and the
 ``[distill]`` settings of CONFIG (stage one, a round, consistency distillation): the process's CPU seconds per
