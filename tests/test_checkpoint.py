@@ -41,9 +41,9 @@ def test_keeps_only_the_last_k(tmp_path):
 
 
 def test_keep_every_also_keeps_the_multiples_for_good(tmp_path):
-    config = tiny_config()
+    config = tiny_config("train.keep_checkpoints=1", "train.keep_checkpoints_every=2")
     state_dict = train_lib.state_to_dict(train_lib.create_train_state(config, jax.random.key(0)))
-    checkpointer = ckpt.Checkpointer(tmp_path, keep=1, keep_every=2)
+    checkpointer = ckpt.Checkpointer.of_run(tmp_path, config.train)  # as ddim train and ddim distill open it
     for step in (1, 2, 3, 4, 5):
         checkpointer.save(step, state_dict, config)
     checkpointer.close()

@@ -29,7 +29,7 @@ from typing import Any, Callable, TypeVar
 import ddim.checkpoint.verify as verify  # the module itself, not the package facade
 from ddim.checkpoint.errors import CheckpointError, CheckpointSaveError, DamagedCheckpoint
 from ddim.checkpoint.quiet import orbax
-from ddim.config import Config, ConfigError, from_dict
+from ddim.config import Config, ConfigError, TrainConfig, from_dict
 from ddim.errors import environment_error, first_line
 
 T = TypeVar("T")
@@ -79,6 +79,12 @@ class Checkpointer:
             self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "config"))
         except OSError as error:
             raise CheckpointError(f"cannot open {self.directory}: {environment_error(error) or first_line(error)}") from None
+
+    @classmethod
+    def of_run(cls, directory: str | Path, train: TrainConfig) -> "Checkpointer":
+        """The writer of a training or distillation run: ``train.keep_checkpoints`` most recent steps, and every
+        multiple of ``train.keep_checkpoints_every``."""
+        return cls(directory, keep=train.keep_checkpoints, keep_every=train.keep_checkpoints_every)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()

@@ -216,8 +216,7 @@ class DistillationRun(RunOutputs):
         mesh = parallel.data_mesh()
         parallel.check_batch_size(d.batch_size, mesh, "distill.batch_size")
         rng, grid_rng = jax.random.split(jax.random.key(d.seed))
-        checkpointer = Checkpointer(Workdir(workdir).checkpoints, keep=config.train.keep_checkpoints,
-                                    keep_every=config.train.keep_checkpoints_every)
+        checkpointer = Checkpointer.of_run(Workdir(workdir).checkpoints, config.train)
         try:
             resumed = _resume(checkpointer, config, teacher.config.model, phases, mesh, log)
         except BaseException:

@@ -175,8 +175,7 @@ class TrainingRun(RunOutputs):
         parallel.check_batch_size(t.batch_size, mesh)
         init_rng, train_rng, eval_rng, grid_rng = jax.random.split(jax.random.key(t.seed), 4)
         state = state_lib.create_train_state(config, init_rng, mesh, total_steps)
-        checkpointer = Checkpointer(Workdir(workdir).checkpoints, keep=t.keep_checkpoints,
-                                    keep_every=t.keep_checkpoints_every)
+        checkpointer = Checkpointer.of_run(Workdir(workdir).checkpoints, t)
         try:  # the newest intact checkpoint; damaged newer ones are set aside with a warning
             resumed = checkpointer.restore(lambda step: _resume(checkpointer, step, config, state), warn=log)
         except BaseException:
