@@ -7,17 +7,18 @@ Run:  python benchmarks/rebuild.py flowers64 --out runs/rebuild-flowers64
 
 A recipe is ``benchmarks/recipes/NAME.toml``: settings, and a list of stages, each one or more commands (``ddim
 ...`` or ``python benchmarks/SCRIPT.py ...``, run in this process) or one of two steps of the rebuild itself:
-``choose`` (a bundle's defaults: the setting of lowest FID among its evaluations at a number of samples) and
-``record`` (a bundle's record: its scores from its ``ddim eval`` lines, the chosen defaults, the guidance sweep in
-words, the training stages' hardware and wall time, and the time of ``ddim sample`` that a ``benchmarks/cli_timing.py``
+``choose`` (a bundle's defaults: the setting of lowest FID among its evaluations at a number of samples, of one
+step count with ``steps``) and ``record`` (a bundle's record: its scores from its ``ddim eval`` lines, the chosen
+defaults, the guidance sweep in words, the training stages' hardware and wall time (with ``wall_time_from``, a
+stage's as its run's own records add it up), and the time of ``ddim sample`` that a ``benchmarks/cli_timing.py``
 stage measured). ``{name}`` in a command is a setting of the recipe, ``{out}``
 the output directory, ``{STAGE}`` a ``choose`` stage's setting as ``ddim eval`` options. ``--smoke`` replaces the
 settings by the recipe's ``[smoke]`` ones (a 16x16 network, a few steps, a few samples): the whole chain in seconds.
 
 Every stage prints its wall time and the device (JAX's backend and device kind). A command's completion is
 recorded in ``<out>/stages/STAGE.json`` (written atomically, after it succeeded), so a stopped rebuild resumes at
-the first command not done (``ddim train`` and ``ddim distill`` themselves resume from their last checkpoint)
-and a finished stage is skipped. Bad input (an unknown model, an unwritable ``--out``, a stage that fails) is one
+the first command not done (``ddim train`` and ``ddim distill`` themselves resume from their last checkpoint; the
+time of a stopped command still counts in the stage's) and a finished stage is skipped. Bad input (an unknown model, an unwritable ``--out``, a stage that fails) is one
 ``error:`` line and a non-zero exit.
 """
 
@@ -450,6 +451,8 @@ class Rebuild:
                     code, printed_error = run_command(command)
                 took = time.perf_counter() - started
                 if code != 0:
+                    # The time a stopped run spent still counts: `ddim train` and `ddim distill` resume from it.
+                    self._mark(stage, done, seconds + took, complete=False)
                     how = "stopped" if code == 130 else "failed"
                     message = (f"stage {stage.name} {how} (exit {code}) after {duration(took)}: {command}; the "
                                "same rebuild command resumes it")
@@ -493,11 +496,15 @@ class Rebuild:
                 and line.get("step") == manifest.record.get("steps") and line.get("fid") is not None]
 
     def choose(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The setting of lowest FID among the bundle's evaluations of ``num`` samples."""
+        """The setting of lowest FID among the bundle's evaluations of ``num`` samples (of ``steps`` steps, when
+        given: a consistency student's best guidance at each step count it samples with)."""
         name, num = options["model"], int(expand(str(options["num"]), self.settings))
-        lines = [line for line in self.eval_lines(name) if line.get("num") == num]
+        steps = int(expand(str(options["steps"]), self.settings)) if "steps" in options else None
+        lines = [line for line in self.eval_lines(name) if line.get("num") == num
+                 and (steps is None or line.get("steps") == steps)]
         if not lines:
-            raise RebuildError(f"no ddim eval of {name} with {num} samples to choose its defaults from")
+            raise RebuildError(f"no ddim eval of {name} with {num} samples" + (f" of {steps} steps" if steps else "")
+                               + " to choose its defaults from")
         best = min(lines, key=lambda line: line["fid"])
         defaults = setting_of(best)
         self.say(f"  defaults of {name}: {describe(defaults)}, FID {best['fid']:.2f}, the lowest of {len(lines)} "
@@ -522,6 +529,10 @@ class Rebuild:
             num = int(expand(str(self.recipe.stage(options["defaults"]).choose["num"]), self.settings))
             record["guidance"] = sweep_words(chosen["result"], [line for line in lines if line.get("num") == num])
         trained = [read_marker(self.out, stage) or {} for stage in options.get("trained", ())]
+        for stage, marker in zip(options.get("trained", ()), trained):
+            records = (options.get("wall_time_from") or {}).get(stage)
+            if records:  # the run's own account of its time, across every stop and resume
+                marker["seconds"] = run_seconds(Path(expand(str(records), self.settings)))
         if trained:
             record["hardware"] = " and ".join(dict.fromkeys(m.get("hardware", "unrecorded") for m in trained))
             total = sum(float(m.get("seconds", 0.0)) for m in trained)
@@ -553,6 +564,16 @@ class Rebuild:
         if not lines:
             raise RebuildError(f"no timing of ddim sample --pretrained {name} in {path}")
         return sample_time_from_line(lines[-1], str(options.get("results", "docs/results/cli-timing.jsonl")))
+
+
+def run_seconds(path: Path) -> float:
+    """The wall seconds a run's records add up to (``ddim distill``'s ``distill.jsonl``: one line per stretch of
+    steps between two starts or stops)."""
+    from ddim.workdir.records import read_records
+
+    if not path.is_file():
+        raise RebuildError(f"no run records at {path} to take the wall time from")
+    return float(sum(float(line.get("seconds", 0.0)) for line in read_records(path)))
 
 
 class StageFailed(RebuildError):

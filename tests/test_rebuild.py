@@ -226,3 +226,38 @@ def test_sweep_words_and_defaults_options():
         "against 20 steps of ddim (uniform grid), guidance 3: 41.2; 20 steps of ddim (uniform grid), guidance 1: 50.0")
     assert rebuild.defaults_options(best) == ["--steps", "20", "--sampler", "ddim", "--spacing", "uniform", "--eta",
                                               "0", "--guidance", "2"]
+
+
+def test_a_stopped_command_keeps_its_time_in_the_stage(tmp_path, monkeypatch):
+    """A long run stopped and resumed counts every stretch of it, not only the one that finished."""
+    monkeypatch.setattr(rebuild, "RECIPES", write_recipe(tmp_path / "recipes", "cheap", CHEAP))
+    monkeypatch.setenv("DDIM_PRETRAINED_DIR", str(tmp_path / "no-bundles"))
+    clock = iter(range(0, 10_000, 10))  # every reading of the clock 10 s after the last
+    monkeypatch.setattr(rebuild.time, "perf_counter", lambda: float(next(clock)))
+    out = tmp_path / "out"
+    assert rebuild.main(["cheap", "--out", str(out)]) == 1
+    marker = json.loads((out / "stages" / "second.json").read_text())
+    assert not marker["complete"] and [c["seconds"] for c in marker["commands"]] == [10.0]
+    assert marker["seconds"] == 20.0  # the passed command's 10 s and the failed one's
+
+
+def test_choose_takes_the_best_setting_of_one_step_count_when_asked(tmp_path, monkeypatch):
+    build = rebuild.Rebuild(rebuild.load_recipe("flowers32"), tmp_path)
+    lines = [{"num": 1000, "steps": steps, "sampler": "consistency", "spacing": "uniform", "guidance": g, "fid": fid}
+             for steps, g, fid in ((4, 1.5, 30.0), (4, 2.0, 31.0), (2, 1.5, 34.0), (2, 2.0, 33.0), (1, 1.5, 45.0))]
+    monkeypatch.setattr(build, "eval_lines", lambda name: lines)
+    assert build.choose({"model": "m", "num": "1000"})["steps"] == 4
+    assert build.choose({"model": "m", "num": "1000", "steps": "2"}) == {
+        "steps": 2, "sampler": "consistency", "spacing": "uniform", "eta": 0.0, "guidance": 2.0}
+    with pytest.raises(rebuild.RebuildError, match="no ddim eval of m with 1000 samples of 8 steps"):
+        build.choose({"model": "m", "num": "1000", "steps": "8"})
+
+
+def test_run_seconds_add_up_a_runs_stretches(tmp_path):
+    records = tmp_path / "distill.jsonl"
+    records.write_text('{"teacher": "pretrained:flowers32", "teacher_step": 3000}\n'
+                       '{"phase": "consistency", "from_step": 0, "to_step": 374, "seconds": 257.5}\n'
+                       '{"phase": "consistency", "from_step": 374, "to_step": 16000, "seconds": 10045.5}\n')
+    assert rebuild.run_seconds(records) == 10303.0
+    with pytest.raises(rebuild.RebuildError, match="no run records"):
+        rebuild.run_seconds(tmp_path / "missing.jsonl")
