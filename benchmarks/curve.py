@@ -9,8 +9,10 @@ Run:  python benchmarks/curve.py score --workdir runs/flowers32 --csv docs/resul
 
 ``score`` samples ``--num`` images (default 1,000) from every checkpoint whose step is a multiple of
 ``--every`` with 20 steps of ddim/uniform (the sampler with the best FID on these models: see the docs'
-sampler table) and scores them with the standard FID Inception against all 8,189 Oxford Flowers images at
-the model's size (``ddim eval --split all``). A class-conditional checkpoint draws its classes from the
+sampler table; ``--steps`` for another count) and scores them with the standard FID Inception against all 8,189
+Oxford Flowers images at the model's size (``ddim eval --split all``). The checkpoints of a ``ddim distill`` run are students: they sample
+with their own sampler (DDIM or consistency sampling) at ``--steps`` (default: their largest count), so a
+consistency run can be followed step by step too. A class-conditional checkpoint draws its classes from the
 data's class frequencies, at guidance ``--guidance`` (default 1: plain conditional sampling). Rows are
 appended to the CSV; a rerun scores only the steps that are missing, so it can follow a run in progress.
 The real features are cached in ``<eval-root>/eval_cache`` (default: the work directory's), once per
@@ -60,22 +62,34 @@ def checkpoint_steps(workdir: Path, every: int) -> list[int]:
     return sorted(s for s in steps if s > 0 and s % every == 0)
 
 
+def checkpoint_spec(config, steps: int | None, guidance: float | None):
+    """How a checkpoint is sampled for the curve: ``steps`` (default 20) of ddim/uniform, or a distilled student's
+    own sampler at ``steps`` (default: its largest step count)."""
+    from ddim.spec import SamplingRules, SamplingSpec
+
+    rules = SamplingRules.of(config.model)
+    if rules.distilled:
+        return rules.resolve(steps=steps or max(rules.step_counts), guidance=guidance)
+    return SamplingSpec(steps=steps or 20, sampler="ddim", spacing="uniform", guidance=guidance)
+
+
 def score_checkpoint(workdir: Path, step: int, num: int, guidance: float | None, eval_root: Path | None,
-                     feature_extractor_factory=None) -> dict:
-    """FID and KID of ``num`` samples (20 steps of ddim/uniform) of the checkpoint at ``step``."""
+                     feature_extractor_factory=None, steps: int | None = None) -> dict:
+    """FID and KID of ``num`` samples of the checkpoint at ``step`` (:func:`checkpoint_spec`)."""
     from ddim.checkpoint import Checkpointer
-    from ddim.spec import SamplingSpec
     from ddim.workdir import Workdir
 
-    spec = SamplingSpec(steps=20, sampler="ddim", spacing="uniform", guidance=guidance)
     folder = Workdir(workdir).checkpoints
+    config = Checkpointer(folder, create=False).restore_config(step)
+    spec = checkpoint_spec(config, steps, guidance)
     record = score_fid(folder / str(step), spec, num, eval_root or workdir,
                        feature_extractor_factory=feature_extractor_factory)
-    batch_size = Checkpointer(folder, create=False).restore_config(step).train.batch_size
+    # A distillation run's steps are of [distill]'s batch; [train]'s is the teacher's.
+    batch_size = config.distill.batch_size if config.model.distilled_steps else config.train.batch_size
     return {"step": step, "images_seen": step * batch_size, "fid": f"{record['fid']:.3f}",
-            "kid": f"{record['kid_mean']:.5f}", "sampler": "ddim", "spacing": "uniform", "sample_steps": 20,
-            "guidance": "" if guidance is None else guidance, "num": num, "real_num": record["real_num"],
-            "checkpoint": str(folder / str(step))}
+            "kid": f"{record['kid_mean']:.5f}", "sampler": spec.sampler, "spacing": spec.spacing,
+            "sample_steps": spec.steps, "guidance": "" if guidance is None else guidance, "num": num,
+            "real_num": record["real_num"], "checkpoint": str(folder / str(step))}
 
 
 def score(args, feature_extractor_factory=None) -> None:
@@ -85,7 +99,8 @@ def score(args, feature_extractor_factory=None) -> None:
         log(f"nothing to score: every checkpoint at a multiple of {args.every} is in {args.csv}")
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     for step in todo:
-        row = score_checkpoint(args.workdir, step, args.num, args.guidance, args.eval_root, feature_extractor_factory)
+        row = score_checkpoint(args.workdir, step, args.num, args.guidance, args.eval_root, feature_extractor_factory,
+                               args.steps)
         log(f"step {step}: FID {row['fid']}, KID {row['kid']}")
         new_file = not args.csv.exists()
         with open(args.csv, "a", newline="") as f:
@@ -123,6 +138,24 @@ def floor(args) -> None:
           "draws)")
 
 
+def axis_labels(rows: list[dict]) -> tuple[str, str]:
+    """The axes' words from what the rows share: the batch of a step, and how the samples were drawn."""
+    def shared(values):
+        values = set(values)
+        return values.pop() if len(values) == 1 else None
+
+    batch = shared(int(r["images_seen"]) // int(r["step"]) if r.get("images_seen") else None for r in rows)
+    num = shared(r.get("num") for r in rows)
+    sampling = shared((r.get("sample_steps"), r.get("sampler")) for r in rows)
+    how = []
+    if num:
+        how.append(f"{int(num):,} samples")
+    if sampling and all(sampling):
+        how.append(f"{sampling[0]} {sampling[1]} steps")
+    return (f"training steps (batch {batch})" if batch else "training steps",
+            "FID" + (f" ({', '.join(how)})" if how else ""))
+
+
 def plot(args) -> None:
     import matplotlib
 
@@ -130,10 +163,12 @@ def plot(args) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    tables = []
     for path, label in args.csv:
         rows = sorted(read_rows(Path(path)), key=lambda r: int(r["step"]))
         if not rows:
             raise SystemExit(f"error: no rows in {path}")
+        tables.append(rows)
         axes.plot([int(r["step"]) for r in rows], [float(r["fid"]) for r in rows], marker="o", label=label)
     for value, label in args.hline or []:
         axes.axhline(float(value), color="grey", linestyle="--", linewidth=1)
@@ -141,8 +176,9 @@ def plot(args) -> None:
                       color="grey")
     if args.log_steps:  # runs of 10x different lengths on one axis: a short run's curve keeps its shape
         axes.set_xscale("log")
-    axes.set_xlabel("training steps (batch 64)")
-    axes.set_ylabel("FID (1,000 samples, 20 DDIM steps)")
+    xlabel, ylabel = axis_labels([row for rows in tables for row in rows])
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
     axes.set_title(args.title)
     axes.grid(True, alpha=0.3)
     axes.legend()
@@ -162,6 +198,9 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     scoring.add_argument("--num", type=int, default=1000, help="Samples per FID.")
     scoring.add_argument("--guidance", type=float, default=None,
                          help="Classifier-free guidance of a class-conditional checkpoint (default: 1).")
+    scoring.add_argument("--steps", type=int, default=None,
+                         help="Sampling steps (default: 20 of ddim/uniform; a distillation run's: its student's "
+                              "largest count, with its own sampler).")
     scoring.add_argument("--eval-root", type=Path, default=None,
                          help="Where eval.jsonl and the real-feature cache go (default: the work directory).")
     plotting = commands.add_parser("plot", help="Draw FID against steps.")

@@ -67,3 +67,34 @@ def test_curve_scores_each_checkpoint_once_gives_the_real_floor_and_plots(condit
     empty.write_text("step,fid\n")
     with pytest.raises(SystemExit, match="^error: no rows in"):
         curve.main(["plot", "--csv", str(empty), "empty", "--out", str(tmp_path / "x.png")])
+
+
+def test_curve_follows_a_consistency_run_with_the_students_own_sampler(conditional_workdir, tmp_path):
+    """A ddim distill run's checkpoints are students: scored with their sampler, at their batch."""
+    from ddim.distill import distill
+
+    out = tmp_path / "consistency"
+    distill(conditional_workdir, out, log=lambda message: None,
+            overrides=["distill.method=consistency", "distill.start_steps=4", "distill.student_steps=[1, 2, 4]",
+                       "distill.consistency_steps=2", "distill.batch_size=2", "train.eval_every=0",
+                       "train.checkpoint_every=2"])
+    curve = load_benchmark("curve")
+    table = tmp_path / "consistency-fid.csv"
+    curve.main(["score", "--workdir", str(out), "--csv", str(table), "--every", "2", "--num", "4", "--steps", "2",
+                "--guidance", "1.5", "--eval-root", str(tmp_path / "eval")], feature_extractor_factory=tiny_extractor)
+    [row] = rows(table)
+    assert (row["step"], row["images_seen"], row["sampler"], row["spacing"], row["sample_steps"], row["guidance"]) == (
+        "2", "4", "consistency", "uniform", "2", "1.5")
+    record = json.loads((tmp_path / "eval" / "eval.jsonl").read_text().splitlines()[-1])
+    assert (record["sampler"], record["steps"]) == ("consistency", 2)
+    assert curve.axis_labels(rows(table)) == ("training steps (batch 2)", "FID (4 samples, 2 consistency steps)")
+    with pytest.raises(Exception, match="distilled for 1, 2, 4 steps"):
+        curve.checkpoint_spec(ddim_config_of(out), 3, None)
+
+
+def ddim_config_of(workdir):
+    from ddim.checkpoint import Checkpointer
+    from ddim.workdir import Workdir
+
+    folder = Workdir(workdir).checkpoints
+    return Checkpointer(folder, create=False).restore_config(2)
