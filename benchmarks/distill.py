@@ -1,7 +1,7 @@
 """Distilled students beside their teacher: FID, KID and class accuracy per network pass, and what each costs.
 
 Run:  python benchmarks/distill.py --students runs/flowers32-distilled --teacher pretrained:flowers32 \
-          --out /tmp/distill32 [--num 1000 5000] [--guidance 1 1.5 2 2.5] [--teacher-guidance 1.5]
+          --out /tmp/distill32 [--num 1000 5000] [--guidance 1 1.5 2 2.5] [--teacher-guidance 1.5 2]
           [--teacher-num 1000] [--teacher-path 16 32 64] [--student-steps 8 4 2 1] [--clip] [--time]
 
 Every row is ``ddim eval``'s protocol (benchmarks/common.py: all real images at the model's size, the standard
@@ -10,13 +10,14 @@ FID Inception, KID over all samples, class accuracy for a class-conditional mode
 - for every step count N of the students in ``<students>/students/`` (every phase's: stage one's, each round's,
   or the one consistency student's counts; ``--student-steps`` picks some), the teacher at N network passes:
   deterministic DDIM and DPM-Solver++(2M) on the log-SNR grid, unguided (guidance 1, N steps of one pass) and
-  guided at ``--teacher-guidance`` (N/2 steps of two passes), and the student: its N steps of one network pass
-  each (DDIM, or consistency sampling), at every ``--guidance`` scale (the first ``--num``); the scale with the
-  lowest FID there is then measured at the other ``--num`` too;
-- the path the students are taught: the teacher's guided DDIM steps on the uniform grid at ``--teacher-guidance``,
-  ``--teacher-path`` steps of two passes each (the first ``--num``);
-- with ``--clip``, every student at its best scale and the teacher's path again, each step's image prediction
-  clipped to the pixels' range (``SamplingSpec.clip``);
+  guided at the first ``--teacher-guidance`` (N/2 steps of two passes), and the student: its N steps of one
+  network pass each (DDIM, or consistency sampling), at every ``--guidance`` scale (the first ``--num``); the
+  scale with the lowest FID there is then measured at the other ``--num`` too;
+- the path the students are taught: the teacher's guided DDIM steps on the uniform grid at every
+  ``--teacher-guidance`` (a student is held to the path at its own best scale), ``--teacher-path`` steps of two
+  passes each (the first ``--num``);
+- with ``--clip``, every student at its best scale and the teacher's path at the first ``--teacher-guidance`` again,
+  each step's image prediction clipped to the pixels' range (``SamplingSpec.clip``);
 - the teacher's defaults (a bundled model's best measured setting: for flowers32 20 steps of dpmpp-2m, guidance
   1.75, 40 passes), at every ``--teacher-num`` (default: ``--num``).
 
@@ -193,7 +194,9 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
     parser.add_argument("--num", type=int, nargs="+", default=[1000, 5000], help="samples per measurement")
     parser.add_argument("--guidance", type=float, nargs="+", default=[1.0, 1.5, 2.0, 2.5],
                         help="the students' guidance scales (the first --num; the best also at the others)")
-    parser.add_argument("--teacher-guidance", type=float, default=1.5, help="the teacher's guided rows' scale")
+    parser.add_argument("--teacher-guidance", type=float, nargs="+", default=[1.5],
+                        help="the scales of the teacher's guided path; its guided rows at the students' passes take "
+                        "the first")
     parser.add_argument("--teacher-num", type=int, nargs="+", help="samples of the teacher's defaults (default: "
                         "--num; its 5,000 come from `ddim eval --pretrained NAME --num 5000 --split all` too)")
     parser.add_argument("--student-steps", type=int, nargs="+", help="the students' step counts to score "
@@ -201,7 +204,7 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
     parser.add_argument("--teacher-path", type=int, nargs="*", default=list(TEACHER_PATH),
                         help="step counts of the teacher's guided DDIM path to score")
     parser.add_argument("--clip", action="store_true", help="also score the students at their best scale and the "
-                        "teacher's path with the image prediction clipped")
+                        "teacher's path at the first --teacher-guidance with the image prediction clipped")
     parser.add_argument("--time", action="store_true", help="also time 16 images per row (on an idle machine)")
     args = parser.parse_args(argv)
     if args.step_cost:
@@ -230,7 +233,7 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
                               SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, guidance=1.0), first))
             if steps >= 2:
                 guided = SamplingSpec(steps=steps // 2, sampler=sampler, spacing=spacing,
-                                      guidance=args.teacher_guidance)
+                                      guidance=args.teacher_guidance[0])
                 rows.append(score("teacher", args.teacher, guided, first))
         source = students.get(steps)
         if source is None:
@@ -244,9 +247,12 @@ def main(argv=None, feature_extractor_factory=None) -> list[dict]:
         if args.clip:
             rows.append(score("student", source, best.replace(clip=True), first, True))
         sources[("student", steps)] = source
-    for steps in args.teacher_path:
-        path = SamplingSpec(steps=steps, guidance=args.teacher_guidance)
-        rows += [score("teacher", args.teacher, spec, first) for spec in [path] + [path.replace(clip=True)] * args.clip]
+    for number, scale in enumerate(args.teacher_guidance):
+        for steps in args.teacher_path:
+            path = SamplingSpec(steps=steps, guidance=scale)
+            clipped = args.clip and number == 0  # clipping's effect on the path, at one scale
+            rows += [score("teacher", args.teacher, spec, first)
+                     for spec in [path] + [path.replace(clip=True)] * clipped]
     rows += [score("teacher", args.teacher, teacher.defaults, num) for num in args.teacher_num or args.num]
     rows = list({key(row): row for row in rows}.values())  # a path row can be a row at some passes too
     if args.time:

@@ -652,14 +652,15 @@ def test_the_distillation_benchmark_scores_students_beside_their_teacher_once(di
     bench = load_benchmark("distill")
     out, _ = distilled
     args = ["--students", str(out), "--teacher", str(conditional_workdir), "--out", str(tmp_path), "--num", "4",
-            "--guidance", "1", "2", "--student-steps", "2", "--teacher-path", "2"]
+            "--guidance", "1", "2", "--student-steps", "2", "--teacher-path", "2", "--teacher-guidance", "1.5", "2"]
     rows = bench.main(args, feature_extractor_factory=tiny_extractor)
     students = [row for row in rows if row["model"] == "student"]
     assert {(row["steps"], row["guidance"], row["passes"]) for row in students} == {(2, 1.0, 2), (2, 2.0, 2)}
     teacher = {(row["passes"], row["steps"], row["sampler"], row["guidance"]) for row in rows
                if row["model"] == "teacher"}
     assert teacher == {(2, 2, "ddim", 1.0), (2, 1, "ddim", 1.5), (2, 2, "dpmpp-2m", 1.0), (2, 1, "dpmpp-2m", 1.5),
-                       (4, 2, "ddim", 1.5), (20, 20, "ddim", None)}  # at the student's passes, its path, its defaults
+                       (4, 2, "ddim", 1.5), (4, 2, "ddim", 2.0), (20, 20, "ddim", None)}
+    # at the student's passes (guided at the first scale), its path at both scales, its defaults
     assert "| student | 2 | 2 | ddim/uniform |" in capsys.readouterr().out
     again = bench.main(args, feature_extractor_factory=tiny_extractor)  # nothing left to score
     assert len(again) == len(rows)
