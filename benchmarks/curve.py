@@ -10,9 +10,9 @@ Run:  python benchmarks/curve.py score --workdir runs/flowers32 --csv docs/resul
 ``score`` samples ``--num`` images (default 1,000) from every checkpoint whose step is a multiple of
 ``--every`` with 20 steps of ddim/uniform (the sampler with the best FID on these models: see the docs'
 sampler table; ``--steps`` for another count) and scores them with the standard FID Inception against all 8,189
-Oxford Flowers images at the model's size (``ddim eval --split all``). The checkpoints of a ``ddim distill`` run are students: they sample
-with their own sampler (DDIM or consistency sampling) at ``--steps`` (default: their largest count), so a
-consistency run can be followed step by step too. A class-conditional checkpoint draws its classes from the
+Oxford Flowers images at the model's size (``ddim eval --split all``). The checkpoints of a ``ddim distill``
+run are students: they sample with their own sampler (DDIM or consistency sampling) at ``--steps`` (default:
+their largest count), so a consistency run can be followed step by step too. A class-conditional checkpoint draws its classes from the
 data's class frequencies, at guidance ``--guidance`` (default 1: plain conditional sampling). Rows are
 appended to the CSV; a rerun scores only the steps that are missing, so it can follow a run in progress.
 The real features are cached in ``<eval-root>/eval_cache`` (default: the work directory's), once per
@@ -84,9 +84,7 @@ def score_checkpoint(workdir: Path, step: int, num: int, guidance: float | None,
     spec = checkpoint_spec(config, steps, guidance)
     record = score_fid(folder / str(step), spec, num, eval_root or workdir,
                        feature_extractor_factory=feature_extractor_factory)
-    # A distillation run's steps are of [distill]'s batch; [train]'s is the teacher's.
-    batch_size = config.distill.batch_size if config.model.distilled_steps else config.train.batch_size
-    return {"step": step, "images_seen": step * batch_size, "fid": f"{record['fid']:.3f}",
+    return {"step": step, "images_seen": step * config.step_batch_size, "fid": f"{record['fid']:.3f}",
             "kid": f"{record['kid_mean']:.5f}", "sampler": spec.sampler, "spacing": spec.spacing,
             "sample_steps": spec.steps, "guidance": "" if guidance is None else guidance, "num": num,
             "real_num": record["real_num"], "checkpoint": str(folder / str(step))}

@@ -18,8 +18,8 @@ settings by the recipe's ``[smoke]`` ones (a 16x16 network, a few steps, a few s
 Every stage prints its wall time and the device (JAX's backend and device kind). A command's completion is
 recorded in ``<out>/stages/STAGE.json`` (written atomically, after it succeeded), so a stopped rebuild resumes at
 the first command not done (``ddim train`` and ``ddim distill`` themselves resume from their last checkpoint; the
-time of a stopped command still counts in the stage's) and a finished stage is skipped. Bad input (an unknown model, an unwritable ``--out``, a stage that fails) is one
-``error:`` line and a non-zero exit.
+time of a stopped command still counts in the stage's) and a finished stage is skipped. Bad input (an unknown
+model, an unwritable ``--out``, a stage that fails) is one ``error:`` line and a non-zero exit.
 """
 
 from __future__ import annotations

@@ -88,7 +88,9 @@ def test_curve_follows_a_consistency_run_with_the_students_own_sampler(condition
     record = json.loads((tmp_path / "eval" / "eval.jsonl").read_text().splitlines()[-1])
     assert (record["sampler"], record["steps"]) == ("consistency", 2)
     assert curve.axis_labels(rows(table)) == ("training steps (batch 2)", "FID (4 samples, 2 consistency steps)")
-    with pytest.raises(Exception, match="distilled for 1, 2, 4 steps"):
+    from ddim.spec import SpecError
+
+    with pytest.raises(SpecError, match="distilled for 1, 2, 4 steps"):
         curve.checkpoint_spec(ddim_config_of(out), 3, None)
 
 

@@ -29,6 +29,12 @@ class Config:
     distill: DistillConfig = field(default_factory=DistillConfig)
     """Used by ``ddim distill`` only."""
 
+    @property
+    def step_batch_size(self) -> int:
+        """Images per optimiser step of the run this config describes: a distilled student trains with
+        ``[distill]``'s batch, not ``[train]``'s (its teacher's)."""
+        return self.distill.batch_size if self.model.distilled_steps else self.train.batch_size
+
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts (tuples as lists), as stored in checkpoints and accepted by :func:`from_dict`."""
         return plain(dataclasses.asdict(self))

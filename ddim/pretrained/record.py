@@ -1,7 +1,7 @@
 """How a bundled model was made and what it scores: its record, the one place these facts live.
 
 ``ddim pretrained export`` writes the training record: the step and config come
-from the checkpoint, the images seen are ``step x train.batch_size``, the
+from the checkpoint, the images seen are ``step x`` the run's batch (``Config.step_batch_size``), the
 checkpoint's date is orbax's commit time, and the FID is a line of the work
 directory's ``eval.jsonl`` (``ddim eval``) or a value passed in together with how
 it was measured. What is not known (the hardware, when not passed in; an FID
@@ -51,8 +51,7 @@ def training_record(config: Config, step: int, step_dir: Path, *, fid: dict[str,
                     hardware: str | None = None, recipe: str | None = None,
                     today: datetime.date | None = None) -> dict[str, Any]:
     """The record of a model exported from step ``step`` (directory ``step_dir``) of a run with ``config``."""
-    # A distilled student trains with [distill]'s batch, not [train]'s (the teacher's).
-    batch_size = config.distill.batch_size if config.model.distilled_steps else config.train.batch_size
+    batch_size = config.step_batch_size
     return {
         "config": config.name,
         "recipe": recipe,
