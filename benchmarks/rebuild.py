@@ -495,13 +495,18 @@ class Rebuild:
                 if Path(str(line.get("checkpoint"))).resolve() == manifest.directory.resolve()
                 and line.get("step") == manifest.record.get("steps") and line.get("fid") is not None]
 
+    def candidates(self, options: dict[str, Any], lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The evaluations a ``choose`` stage chooses among: those of its ``num`` samples (and ``steps``)."""
+        num = int(expand(str(options["num"]), self.settings))
+        steps = int(expand(str(options["steps"]), self.settings)) if "steps" in options else None
+        return [line for line in lines if line.get("num") == num and (steps is None or line.get("steps") == steps)]
+
     def choose(self, options: dict[str, Any]) -> dict[str, Any]:
         """The setting of lowest FID among the bundle's evaluations of ``num`` samples (of ``steps`` steps, when
         given: a consistency student's best guidance at each step count it samples with)."""
         name, num = options["model"], int(expand(str(options["num"]), self.settings))
         steps = int(expand(str(options["steps"]), self.settings)) if "steps" in options else None
-        lines = [line for line in self.eval_lines(name) if line.get("num") == num
-                 and (steps is None or line.get("steps") == steps)]
+        lines = self.candidates(options, self.eval_lines(name))
         if not lines:
             raise RebuildError(f"no ddim eval of {name} with {num} samples" + (f" of {steps} steps" if steps else "")
                                + " to choose its defaults from")
@@ -526,8 +531,9 @@ class Rebuild:
         chosen = read_marker(self.out, options["defaults"]) if options.get("defaults") else None
         if chosen is not None:
             record["defaults"] = chosen["result"]
-            num = int(expand(str(self.recipe.stage(options["defaults"]).choose["num"]), self.settings))
-            record["guidance"] = sweep_words(chosen["result"], [line for line in lines if line.get("num") == num])
+            # The settings the defaults were chosen among (one step count's, for a consistency student), no others.
+            record["guidance"] = sweep_words(chosen["result"],
+                                             self.candidates(self.recipe.stage(options["defaults"]).choose, lines))
         trained = [read_marker(self.out, stage) or {} for stage in options.get("trained", ())]
         for stage, marker in zip(options.get("trained", ()), trained):
             records = (options.get("wall_time_from") or {}).get(stage)

@@ -79,7 +79,7 @@ def test_the_smoke_rebuild_runs_the_whole_chain_then_skips_every_stage(tmp_path,
 @pytest.mark.parametrize("name", [name for name in rebuild.recipe_names() if name != "flowers64"])
 def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, tiny_standard_network, monkeypatch):
     """flowers32-noise's chain as flowers64's without the student; flowers32's fine-tunes the bundled flowers32-noise;
-    flowers32-4step's distils it."""
+    flowers32-4step's distils it; flowers32-consistency's distils flowers32 into one student for 1, 2 and 4 steps."""
     monkeypatch.delenv("DDIM_PRETRAINED_DIR", raising=False)
     with mock_flowers(24):
         assert rebuild.main([name, "--out", str(tmp_path), "--smoke"]) == 0
@@ -87,6 +87,10 @@ def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, tiny_sta
 
     manifest = find(name, tmp_path / "bundles")
     assert manifest.record["defaults"] and manifest.record["scores"] and manifest.weights_dtype == "float16"
+    if name == "flowers32-consistency":  # defaults chosen among the 2-step settings, and the words name only those
+        assert manifest.record["defaults"]["steps"] == 2 and manifest.config.model.prediction == "velocity"
+        assert "the lowest FID of 4 settings" in manifest.record["guidance"]
+        assert {score["steps"] for score in manifest.record["scores"]} == {1, 2, 4}
     if name == "flowers32":  # its recipe times `ddim sample` with the bundle it made, into the record
         timing = manifest.record["sample_time"]
         assert timing["command"] == "ddim sample --pretrained flowers32 --num 16 --out DIR"
@@ -251,6 +255,10 @@ def test_choose_takes_the_best_setting_of_one_step_count_when_asked(tmp_path, mo
         "steps": 2, "sampler": "consistency", "spacing": "uniform", "eta": 0.0, "guidance": 2.0}
     with pytest.raises(rebuild.RebuildError, match="no ddim eval of m with 1000 samples of 8 steps"):
         build.choose({"model": "m", "num": "1000", "steps": "8"})
+    # The record's words on the sweep name the settings chosen among, the same lines.
+    assert [line["fid"] for line in build.candidates({"num": "1000", "steps": "2"}, lines)] == [34.0, 33.0]
+    assert "of 2 settings" in rebuild.sweep_words(build.choose({"model": "m", "num": "1000", "steps": "2"}),
+                                                   build.candidates({"num": "1000", "steps": "2"}, lines))
 
 
 def test_run_seconds_add_up_a_runs_stretches(tmp_path):
