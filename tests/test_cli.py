@@ -113,6 +113,32 @@ def test_non_positive_arguments(trained_workdir, tmp_path, args, text):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        (["sample", "--nope"], "no such option: --nope ("),
+        (["sample", "--steps", "abc"], "invalid value for '--steps'"),
+        (["sample", "--steps"], "option '--steps' requires an argument"),
+        (["bogus"], "no such command 'bogus'"),
+        (["pretrained", "export"], "missing option '--checkpoint'"),
+        (["--nope"], "no such option: --nope"),
+    ],
+)
+def test_option_parsing_errors_are_one_line(args, text):
+    result = invoke(*args)
+    assert_one_line_error(result, text, code=2)
+    assert result.output.count("\n") == 1 and "\u256d" not in result.output, result.output  # no boxed panel
+    if args[:2] == ["sample", "--nope"]:
+        assert result.output.rstrip().endswith("sample --help)"), result.output  # where to look
+
+
+def test_help_still_prints_with_one_line_errors():
+    result = invoke("sample", "--help")
+    assert result.exit_code == 0 and "--steps" in result.output and "error:" not in result.output
+    result = invoke()  # no arguments: the command list
+    assert "sample" in result.output and "error:" not in result.output
+
+
 def test_output_path_is_a_file(trained_workdir, tmp_path):
     target = tmp_path / "file.png"
     target.write_bytes(b"x")

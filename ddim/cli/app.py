@@ -8,16 +8,55 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import traceback
 from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from ddim.spec import (DEFAULT_STEPS, FEW_STEPS, FEW_STEPS_BEST, FID_BEST_SPACING, SAMPLERS, SPACINGS, SamplingSpec,
                        SpecError)
 
+
+# Click's base exception, from wherever this Typer takes Click (a copy of its own in recent versions).
+ClickException = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException")
+
+
+def usage_error_line(error: Exception) -> str:
+    """A Click error (unknown option, missing or bad value, unknown command) as one ``error:`` line, with the
+    command's ``--help`` as a hint where Click knows the command."""
+    message = " ".join(error.format_message().split()).rstrip(".")
+    if message[:1].isupper() and message[1:2].islower():  # Click's sentences ("No such option: --x") in our case
+        message = message[0].lower() + message[1:]
+    ctx = getattr(error, "ctx", None)
+    if ctx is not None and ctx.command.get_help_option(ctx) is not None:
+        message += f" ({ctx.command_path} {ctx.help_option_names[0]})"
+    return f"error: {message}"
+
+
+class OneLineErrorGroup(TyperGroup):
+    """The ``ddim`` group: Click's usage errors print one ``error:`` line (status 2, 1 for other Click errors)
+    instead of Typer's boxed panels; help (``--help``, or no arguments) prints as Typer formats it."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:  # a caller that handles Click's exceptions itself
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as error:
+            if type(error).__name__ != "NoArgsIsHelpError":  # (whose help is printed already)
+                typer.echo(usage_error_line(error), err=True)
+            sys.exit(error.exit_code)
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)  # a typer.Exit's status, else success
+
+
 app = typer.Typer(
+    cls=OneLineErrorGroup,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
