@@ -56,6 +56,12 @@ def say_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 step``, ``2 steps``; ``noun`` may go on after the word (``"step/epoch"``: ``3 steps/epoch``)."""
+    word, slash, rest = noun.partition("/")
+    return f"{count} {word}{'' if count == 1 else 's'}{slash}{rest}"
+
+
 def format_metrics(values: Mapping[str, float]) -> str:
     return " ".join(f"{name}={value:.4g}" for name, value in values.items())
 

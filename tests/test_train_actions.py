@@ -67,3 +67,39 @@ def test_kid_monitor_compares_with_the_best_saved_kid_and_with_a_legacy_best_jso
     import ddim
 
     assert ddim.load(tmp_path / "old" / "best").step == 6
+
+
+def test_train_log_rates_the_images_its_steps_trained_and_times_the_first_step_apart():
+    """img/s: the images of the steps between two reports (the run's own batch: a distilled student's is
+    [distill]'s) over the seconds those steps took; the first step (compiling) has a line of its own."""
+    import io
+
+    from ddim.summary import Progress
+
+    config = tiny_config("model.distilled_steps=4", "distill.batch_size=4", "train.log_every=4")
+    assert (config.step_batch_size, config.train.batch_size) == (4, 8)
+    buffer, stream = actions.MetricsBuffer(), io.StringIO()
+    log = actions.LogTrainMetrics(config, buffer, Progress(20, 0, stream=stream))
+    # The loop's training seconds after each step: the first took 9 s (compiling), the others 0.5 s each.
+    seconds = {1: 9.0, **{step: 9.0 + 0.5 * (step - 1) for step in range(2, 21)}}
+    reports = {}
+    for step in range(1, 9):
+        buffer.append({"loss": np.float32(1.0)})
+        info = actions.StepInfo(step, 20, 100, state=None, train_seconds=seconds[step])
+        if log.due(info):
+            reports[step] = log.run(info)
+    assert sorted(reports) == [1, 4, 8]
+    assert reports[1].message.startswith("step 1/20 loss=1 (first step 9.0 s")
+    assert "img/s" not in reports[1].message and "train/images_per_second" not in reports[1].scalars
+    # 3 steps of 4 images in 1.5 s, then 4 in 2 s: 8 img/s (the waits for the device, here tiny, count in).
+    for step in (4, 8):
+        rate = reports[step].scalars["train/images_per_second"]
+        assert rate == pytest.approx(8.0, rel=0.05) and reports[step].message.endswith(f"{rate:.1f} img/s")
+
+
+def test_counts_in_log_lines_agree_with_their_nouns():
+    from ddim.summary import plural
+
+    assert plural(1, "step/epoch") == "1 step/epoch" and plural(3, "step/epoch") == "3 steps/epoch"
+    assert plural(1, "step") == "1 step" and plural(0, "step") == "0 steps"
+

@@ -135,7 +135,7 @@ def test_crash_while_logging_saves_the_state(tmp_path, monkeypatch):
     monkeypatch.setattr(actions.LogTrainMetrics, "run", broken_log)
     with mock_flowers(), pytest.raises(OSError, match="simulated logging failure"):
         loop.train(tiny_config("train.max_steps=8", "train.eval_every=0"), tmp_path, log=lambda m: None)
-    assert Checkpointer(checkpoint_dir(tmp_path)).latest_step() == 2
+    assert Checkpointer(checkpoint_dir(tmp_path)).latest_step() == 1  # the log's first report: after step 1
 
 
 @pytest.mark.slow
@@ -187,6 +187,9 @@ def test_kid_monitor_without_weights_warns_and_trains_on(tmp_path, monkeypatch):
                                  log=messages.append)
     assert result.final_step == 2
     assert any(m.startswith("warning: KID monitoring is off") for m in messages), messages
+    # The log: the first step timed on its own line, the rate from the steps after it only.
+    steps = [m for m in messages if m.startswith("step ")]
+    assert "(first step" in steps[0] and "img/s" not in steps[0] and steps[-1].endswith(" img/s"), messages
 
 
 

@@ -121,6 +121,9 @@ class MetricsBuffer:
         self.fetched: list[dict[str, float]] = []
         self.last_mean: dict[str, float] = {}
         """What :meth:`take_mean` returned last."""
+        self.waited_seconds = 0.0
+        """Seconds :meth:`fetch` has waited for the device to finish steps, in all: training time, though the
+        actions that fetch spend it (and the loop counts actions' time out of ``StepInfo.train_seconds``)."""
 
     def append(self, metrics: dict[str, Any]) -> None:
         self.pending.append(metrics)
@@ -141,7 +144,9 @@ class MetricsBuffer:
         """Transfer the pending metrics of the steps up to ``step``; fail on a non-finite loss."""
         if not self.pending:
             return
-        values = parallel.to_host(self.pending)
+        started = time.perf_counter()
+        values = parallel.to_host(self.pending)  # waits for the steps to finish
+        self.waited_seconds += time.perf_counter() - started
         self.pending.clear()
         for offset, metrics in enumerate(values):
             if not all(np.isfinite(v) for v in metrics.values()):
@@ -159,7 +164,13 @@ class MetricsBuffer:
 
 
 class LogTrainMetrics(PeriodicAction):
-    """Training losses, throughput and EMA decay: progress bar, TensorBoard and (now and then) a log line."""
+    """Training losses, throughput and EMA decay: progress bar, TensorBoard and (now and then) a log line.
+
+    The throughput is the images trained between two reports (``config.step_batch_size`` a step) over the
+    seconds they took: the loop's training time, with the waits for the device that the metrics fetches spent
+    in actions counted back in. The first step of a process (compiling, the input pipeline starting) has a
+    report of its own, its seconds, so that no rate includes it.
+    """
 
     def __init__(self, config: Config, metrics: MetricsBuffer, progress: Progress):
         t = config.train
@@ -167,21 +178,28 @@ class LogTrainMetrics(PeriodicAction):
         self.config, self.metrics, self.progress = config, metrics, progress
         self._last_step, self._last_seconds = None, 0.0
 
+    def due(self, info: StepInfo) -> bool:
+        return self._last_step is None or self.when(info)  # the first step of this process, to time the rest from
+
     def run(self, info: StepInfo) -> Report:
         t = self.config.train
-        means = self.metrics.take_mean(info.step)
-        if self._last_step is None:  # the first report of this process: nothing to compare with yet
-            self._last_step = info.step - 1
-        seconds = max(info.train_seconds - self._last_seconds, 1e-9)
-        rate = (info.step - self._last_step) * t.batch_size / seconds
-        self._last_step, self._last_seconds = info.step, info.train_seconds
-        status = f"{format_metrics(means)} {rate:.1f} img/s"
+        means = self.metrics.take_mean(info.step)  # the steps up to info.step are finished now
+        seconds = info.train_seconds + self.metrics.waited_seconds
+        first = self._last_step is None
+        if first:
+            status, rate = f"{format_metrics(means)} (first step {seconds:.1f} s, compiling included)", None
+        else:
+            images = (info.step - self._last_step) * self.config.step_batch_size
+            rate = images / max(seconds - self._last_seconds, 1e-9)
+            status = f"{format_metrics(means)} {rate:.1f} img/s"
+        self._last_step, self._last_seconds = info.step, seconds
         self.progress.update(info.step, status)
         decay = float(state_lib.ema_decay_at(info.step - 1, t.ema_decay, t.ema_warmup))
         scalars = {f"train/{name}": value for name, value in means.items()}
-        scalars.update({"train/images_per_second": rate, "train/ema_decay": decay})
+        scalars.update({"train/first_step_seconds": seconds} if first else {"train/images_per_second": rate})
+        scalars["train/ema_decay"] = decay
         # On a terminal the bar shows every update; keep the scrollback to one line per 10 updates.
-        show = not self.progress.interactive or info.step % (t.log_every * 10) == 0 or info.last
+        show = first or not self.progress.interactive or info.step % (t.log_every * 10) == 0 or info.last
         return Report(scalars, message=f"step {info.step}/{info.total_steps} {status}" if show else None)
 
 

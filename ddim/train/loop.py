@@ -25,7 +25,7 @@ from ddim.checkpoint import Checkpointer, model_config_mismatch
 from ddim.config import Config
 from ddim.errors import UserError, environment_error
 from ddim.model import DiffusionModel
-from ddim.summary import Progress, Reporter, say_stderr, summary_writer
+from ddim.summary import Progress, Reporter, plural, say_stderr, summary_writer
 from ddim.train import init as init_lib
 from ddim.train import state as state_lib
 from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, TrainingError, default_actions
@@ -167,9 +167,7 @@ class TrainingRun(RunOutputs):
         if val_images is not None and not len(val_images):
             val_images = None
         steps_per_epoch = data_lib.steps_per_epoch(config, len(train_images))
-        total_steps = t.num_epochs * steps_per_epoch
-        if t.max_steps:
-            total_steps = min(total_steps, t.max_steps)
+        total_steps = data_lib.total_steps(config, steps_per_epoch)
 
         mesh = parallel.data_mesh()
         parallel.check_batch_size(t.batch_size, mesh)
@@ -225,7 +223,8 @@ class TrainingRun(RunOutputs):
         )
         writer = summary_writer(Workdir(workdir).tensorboard, say) if is_writer and start_step < total_steps else None
         resuming = f"; resuming from step {start_step}" if latest is not None else ""
-        say(f"{config.name}: {steps_per_epoch} steps/epoch, {total_steps} steps, workdir {workdir}{resuming}")
+        say(f"{config.name}: {plural(steps_per_epoch, 'step/epoch')}, {plural(total_steps, 'step')}, workdir "
+            f"{workdir}{resuming}")
         if init_note and is_writer:
             say(init_note)
         return cls(
