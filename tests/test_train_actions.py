@@ -103,3 +103,27 @@ def test_counts_in_log_lines_agree_with_their_nouns():
     assert plural(1, "step/epoch") == "1 step/epoch" and plural(3, "step/epoch") == "3 steps/epoch"
     assert plural(1, "step") == "1 step" and plural(0, "step") == "0 steps"
 
+
+def test_kid_warning_without_weights_names_what_ddim_train_takes(monkeypatch, tmp_path):
+    """ddim train has no --inception-weights: the warning names the config key it sets with --set, and the
+    environment variable."""
+    from ddim.evaluation import keras_inception
+
+    monkeypatch.delenv(keras_inception.WEIGHTS_ENV, raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+
+    def offline():
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(keras_inception, "_download_weights", offline)
+    messages = []
+    config = tiny_config("train.kid_images=8", "train.eval_every=1")
+    assert actions.KidMonitor.create(config, tmp_path / "run", model=None, say=messages.append) is None
+    (warning,) = messages
+    assert warning.startswith("warning: KID monitoring is off: InceptionV3 weights not found: KID monitoring needs")
+    assert "pass --set train.inception_weights=PATH, or set DDIM_INCEPTION_WEIGHTS=PATH" in warning
+    assert "--inception-weights" not in warning
+    # A file named in the config that is not there: named by its key too.
+    config = tiny_config("train.kid_images=8", "train.eval_every=1", f'train.inception_weights="{tmp_path}/x.h5"')
+    actions.KidMonitor.create(config, tmp_path / "run", model=None, say=messages.append)
+    assert f"{tmp_path}/x.h5 (from train.inception_weights) does not exist" in messages[-1]

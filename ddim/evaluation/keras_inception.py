@@ -39,14 +39,32 @@ def keras_models_dir() -> Path:
     return base / ".keras" / "models"
 
 
-_WHAT_TO_GET = f"ddim eval needs Keras' {WEIGHTS_FILE} ({WEIGHTS_URL})"
+EVAL_OPTION = "--inception-weights"
+"""How ``ddim eval`` is given the weights file (the default of the functions below)."""
+TRAIN_OPTION = "train.inception_weights"
+"""How training's KID monitor is: a config key, which ``ddim train`` sets with ``--set``."""
 
 
-def missing_weights_message(reason: str | None = None) -> str:
-    """The one-line explanation of where the InceptionV3 weights must go."""
+def _user(option: str) -> str:
+    """Who needs the weights that ``option`` names."""
+    return "ddim eval" if option == EVAL_OPTION else "KID monitoring"
+
+
+def _how_to_pass(option: str) -> str:
+    """How a user gives the weights file by ``option``: a command's option, or a config key."""
+    return f"{option} PATH" if option.startswith("--") else f"--set {option}=PATH"
+
+
+def _what_to_get(option: str) -> str:
+    return f"{_user(option)} needs Keras' {WEIGHTS_FILE} ({WEIGHTS_URL})"
+
+
+def missing_weights_message(reason: str | None = None, option: str = EVAL_OPTION) -> str:
+    """The one-line explanation of where the InceptionV3 weights must go; ``option`` is how the command at hand
+    is given them (:data:`EVAL_OPTION`, :data:`TRAIN_OPTION`)."""
     message = (
-        f"InceptionV3 weights not found: ddim eval needs {WEIGHTS_FILE} (from {WEIGHTS_URL}); "
-        f"put it in {keras_models_dir()}/, or pass --inception-weights PATH, or set {WEIGHTS_ENV}=PATH"
+        f"InceptionV3 weights not found: {_user(option)} needs {WEIGHTS_FILE} (from {WEIGHTS_URL}); "
+        f"put it in {keras_models_dir()}/, or pass {_how_to_pass(option)}, or set {WEIGHTS_ENV}=PATH"
     )
     return message + (f" (download failed: {reason})" if reason else "")
 
@@ -72,28 +90,31 @@ def _download_weights() -> Path:
     return target
 
 
-def _check_weights_file(path: Path, origin: str) -> Path:
+def _check_weights_file(path: Path, origin: str, option: str) -> Path:
     if not path.is_file():
-        raise EvaluationError(f"InceptionV3 weights file {path} (from {origin}) does not exist; {_WHAT_TO_GET}")
+        raise EvaluationError(f"InceptionV3 weights file {path} (from {origin}) does not exist; {_what_to_get(option)}")
     if path.suffix.lower() not in (".h5", ".hdf5"):
-        raise EvaluationError(f"InceptionV3 weights file {path} (from {origin}) is not an .h5 file; {_WHAT_TO_GET}")
+        raise EvaluationError(f"InceptionV3 weights file {path} (from {origin}) is not an .h5 file; "
+                              f"{_what_to_get(option)}")
     return path
 
 
-def resolve_weights(weights: str | os.PathLike | None = None, download: bool = True) -> Path:
+def resolve_weights(weights: str | os.PathLike | None = None, download: bool = True,
+                    option: str = EVAL_OPTION) -> Path:
     """The InceptionV3 weights file to use, or :class:`EvaluationError` with one line saying where to put it.
 
-    Order: ``weights`` (``--inception-weights``), ``$DDIM_INCEPTION_WEIGHTS``,
+    Order: ``weights`` (given by ``option``: ``--inception-weights``, or training's
+    ``train.inception_weights``), ``$DDIM_INCEPTION_WEIGHTS``,
     Keras' cache (``~/.keras/models/`` + :data:`WEIGHTS_FILE`, or
     ``$KERAS_HOME/models/``), then a download into that cache (which fails
     offline). An explicit path that does not exist is an error, never a reason
     to look elsewhere.
     """
     if weights is not None and str(weights):
-        return _check_weights_file(Path(weights).expanduser(), "--inception-weights")
+        return _check_weights_file(Path(weights).expanduser(), option, option)
     env = os.environ.get(WEIGHTS_ENV)
     if env:
-        return _check_weights_file(Path(env).expanduser(), f"${WEIGHTS_ENV}")
+        return _check_weights_file(Path(env).expanduser(), f"${WEIGHTS_ENV}", option)
     cached = keras_models_dir() / WEIGHTS_FILE
     if cached.is_file():
         return cached
@@ -107,7 +128,7 @@ def resolve_weights(weights: str | os.PathLike | None = None, download: bool = T
         except Exception as error:  # offline (URLError), timeout, unwritable cache, md5 mismatch, ...
             lines = str(error).strip().splitlines()
             reason = lines[-1] if lines else type(error).__name__
-    raise EvaluationError(missing_weights_message(reason))
+    raise EvaluationError(missing_weights_message(reason, option))
 
 
 def file_md5(path: str | os.PathLike) -> str:
@@ -196,14 +217,15 @@ class KerasFeatureExtractor(FeatureExtractor):
         return np.asarray(self._features(self._tf.convert_to_tensor(images)), dtype=np.float32)
 
 
-def inception_factory(weights: str | os.PathLike | None = None, batch_size: int = 32, log=None) -> FeatureFactory:
+def inception_factory(weights: str | os.PathLike | None = None, batch_size: int = 32, log=None,
+                      option: str = EVAL_OPTION) -> FeatureFactory:
     """``factory(image_size) -> FeatureExtractor`` for InceptionV3 with the resolved weights.
 
     Resolves the weights file now (:func:`resolve_weights`), so a missing file
     fails before any expensive work. Warns through ``log`` when the file is not
     the official Keras one (scores would not be comparable with others').
     """
-    path = resolve_weights(weights)
+    path = resolve_weights(weights, option=option)
     digest = file_md5(path)
     if digest != WEIGHTS_MD5 and log is not None:
         log(
@@ -218,8 +240,10 @@ def inception_factory(weights: str | os.PathLike | None = None, batch_size: int 
     return factory
 
 
-def kid_feature_extractor(weights: str | os.PathLike | None = None, batch_size: int = 32) -> KerasFeatureExtractor:
-    """The KID network (InceptionV3 at 75x75); raises :class:`EvaluationError` without weights."""
-    return inception_factory(weights, batch_size)(KID_IMAGE_SIZE)
+def kid_feature_extractor(weights: str | os.PathLike | None = None, batch_size: int = 32,
+                          option: str = TRAIN_OPTION) -> KerasFeatureExtractor:
+    """Training's KID network (InceptionV3 at 75x75), with the weights of the config key ``option``; raises
+    :class:`EvaluationError` without weights (saying how to give them)."""
+    return inception_factory(weights, batch_size, option=option)(KID_IMAGE_SIZE)
 
 
