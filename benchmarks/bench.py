@@ -1,8 +1,8 @@
 """Speed benchmark: training and sampling throughput, compile times, memory, FLOPs and machine peak.
 
-Run:  python benchmarks/bench.py --config configs/flowers64.toml [--set key=value ...] [--out result.json]
-      python benchmarks/bench.py --config configs/folder64.toml --data path/to/images   (no TensorFlow needed)
-      python benchmarks/bench.py --config configs/flowers64.toml --against-keras   (beside the Keras example)
+Run:  python benchmarks/bench.py --config flowers64 [--set key=value ...] [--out result.json]
+      python benchmarks/bench.py --config folder64 --data path/to/images   (no TensorFlow needed)
+      python benchmarks/bench.py --config flowers64 --against-keras   (beside the Keras example)
 
 Prints one JSON object (see docs/benchmarks.md). Everything runs on the default JAX backend, so the same
 script measures a CPU, a GPU or a TPU. Training is timed on device-resident random batches (the model's
@@ -320,7 +320,7 @@ def bench_input_pipeline(config, batches: int, cache_dir: str | None = None) -> 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "configs" / "flowers64.toml"))
+    parser.add_argument("--config", default="flowers64")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
     parser.add_argument("--windows", type=int, default=5, help="timing windows for training (median reported)")
     parser.add_argument("--window-steps", type=int, default=5, help="training steps per window")

@@ -41,8 +41,8 @@ def resolve_checkpoint(checkpoint: str | None, out: Path) -> Path:
     from ddim.train import train
 
     workdir = out / "smoke-run"
-    log(f"no --checkpoint: training configs/smoke.toml into {workdir} (a tiny model; numbers are illustrative)")
-    train(load_config(REPO / "configs" / "smoke.toml"), workdir, log=lambda message: None)
+    log(f"no --checkpoint: training ddim/configs/smoke.toml into {workdir} (a tiny model; numbers are illustrative)")
+    train(load_config("smoke"), workdir, log=lambda message: None)
     return workdir
 
 

@@ -103,7 +103,7 @@ def cold(args) -> dict:
         result = {"images": args.images, "source": "500x375 JPEG, quality 90", "folder_mb": round(size_mb, 1),
                   "generate_seconds": round(generate_seconds, 1), "image_size": 64}
         for label, workers in (("all_cores", args.workers), ("one_core", 1)):
-            config = ddim.load_config(REPO / "configs" / "folder64.toml",
+            config = ddim.load_config("folder64",
                                       [f"data.image_dir={json.dumps(str(root))}", f"data.workers={workers}"])
             started = time.perf_counter()
             loaded = data.load(config, Path(tmp) / label, log=lambda message: None, show_progress=False)
@@ -196,7 +196,7 @@ def main(argv=None) -> dict:
     m.add_argument("--large", type=int, default=200_000)
     m.add_argument("--small", type=int, default=2_000)
     m.add_argument("--steps", type=int, default=200)
-    m.add_argument("--config", default=str(REPO / "configs" / "folder64.toml"))
+    m.add_argument("--config", default="folder64")
     m.add_argument("--set", action="append", default=None, help="config override (default: a small network)")
     m.add_argument("--keep", action="store_true", help="keep the generated folders and runs")
     for p in (c, m):

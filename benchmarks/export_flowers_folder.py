@@ -10,7 +10,7 @@ loader leaves an image of the model's size as it is (its resize to the same size
 Formats: ``jpeg`` (quality 95, no chroma subsampling: 8,189 Flowers at 64x64 take 31 MiB, PSNR 40.5 dB to the
 exact pixels; small enough to travel with a GPU call) or ``png`` (lossless, 66 MiB).
 
-Run:  TFDS_DATA_DIR=... python benchmarks/export_flowers_folder.py OUT --config configs/flowers64-fast.toml
+Run:  TFDS_DATA_DIR=... python benchmarks/export_flowers_folder.py OUT --config flowers64-fast
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", help="the folder to write (one subfolder per class)")
-    parser.add_argument("--config", default="configs/flowers64-fast.toml")
+    parser.add_argument("--config", default="flowers64-fast")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
     parser.add_argument("--format", choices=("jpeg", "png"), default="jpeg")
     args = parser.parse_args(argv)

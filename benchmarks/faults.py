@@ -3,7 +3,7 @@ a stop signalled to one of two processes; prints a table of faults injected, run
 data lost.
 
 Run:  TFDS_DATA_DIR=... python benchmarks/faults.py [--kills 24] [--seed 0] [--root /tmp/ddim-faults]
-      [--config configs/smoke.toml] [--set key=value ...] [--out faults.json]
+      [--config smoke] [--set key=value ...] [--out faults.json]
 
 Every training run is a real ``ddim train`` process (the smoke config on the real dataset by default, with
 more epochs so that there is time to interrupt). The reference is one uninterrupted run; every campaign
@@ -539,7 +539,7 @@ def reference_run(ctx) -> tuple[Path, dict]:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "configs" / "smoke.toml"))
+    parser.add_argument("--config", default="smoke")
     parser.add_argument("--set", dest="settings", action="append", default=[], help="extra config overrides")
     parser.add_argument("--kills", type=int, default=24, help="kill -9 faults to inject (at least 20 for the report)")
     parser.add_argument("--seed", type=int, default=0)

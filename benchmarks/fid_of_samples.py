@@ -8,7 +8,7 @@ class-consistency classifier fitted on the real training images. The generated f
 them, so scoring the first 1,000 and all 5,000 images featurises each image once.
 
 Run:  python benchmarks/fid_of_samples.py samples-*.npz --checkpoint RUN/checkpoints/STEP --out EVAL_ROOT \
-          [--config configs/flowers64-fast.toml --set model.class_conditional=true] [--split all] [--num 1000 5000]
+          [--config flowers64-fast --set model.class_conditional=true] [--split all] [--num 1000 5000]
 
 The real images are the checkpoint's own data, as for `ddim eval`, or --config's (a model trained on a folder
 exported from a dataset is scored against the dataset itself: Oxford Flowers 102 from TFDS at the checkpoint's

@@ -9,7 +9,7 @@ Run:  python benchmarks/finetune.py export /data/fashion32 [--idx /usr/share/dat
 folders by class at 32x32 (bilinear from 28x28, grayscale PNGs that training reads as RGB): ``train/`` (all
 60,000), ``train-100/`` (the first 100 of each class, 1,000 images) and ``test/`` (all 10,000).
 
-``run`` trains the arms with ``configs/finetune32.toml`` (the same settings: flowers32's network and recipe) on
+``run`` trains the arms with the packaged config ``folder32`` (the same settings: flowers32's network and recipe) on
 each training folder (``--per-class 0`` is all images), ``scratch`` from random weights and ``finetuned`` from
 ``pretrained:flowers32-noise`` (``ddim train --init``; it predicts noise, as the config does); ``--arms`` adds
 fine-tunes that start differently (:data:`ARMS`: new classes as the null class or at the mean class vector, the
@@ -17,7 +17,7 @@ input normaliser adapted), and scores each at ``--minutes`` of training: FID and
 Inception against all 10,000 test images, and class accuracy (a classifier on the FID features of the test
 images), ``--num`` samples of 20 DDIM steps on the uniform grid, guidance 1, seed 0. A minute of training is
 ``60 / --step-seconds`` optimiser steps, the step time of this config on the machine measured on its own
-(``python benchmarks/bench.py --config configs/finetune32.toml``: seconds a step = batch 64 / its images per
+(``python benchmarks/bench.py --config folder32``: seconds a step = batch 64 / its images per
 second), so the comparison holds whatever else the machine does while it runs; both arms take the same steps
 (fine-tuning only adds the few seconds that load the source). Each run's schedule is the longest mark's, and it
 trains in segments up to each mark (a stop and a resume are exact), so the earlier marks are points of the one
@@ -55,7 +55,7 @@ CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt",
 """Fashion-MNIST's ten classes in label order (its README's names, as folder names)."""
 SIZE = 32
 SOURCE = "pretrained:flowers32-noise"
-CONFIG = REPO / "configs" / "finetune32.toml"
+CONFIG = "folder32"
 BENCH_SETTINGS = ["data.val_fraction=0.0", "data.dataset_repetitions=1", "train.eval_every=0",
                   "train.checkpoint_every=100000", "train.keep_checkpoints=10"]
 """The test images are a folder of their own: every training image trains, and each mark is scored with

@@ -11,8 +11,14 @@ this compares, in the standard FID Inception's feature space:
 - the same FIDs between real sets (a training subset against another, and against the held-out images): the
   gap that chance and the split alone give.
 
+A run on a small folder holds nothing out (data.holdout_min_images): ``--held-out FOLDER`` names other images
+of the same kind that it never saw, and the samples' nearest training image is compared with their nearest
+image in random subsets of that folder of the training set's size (:func:`compare_small`); the record gives
+the passes over the training images the checkpoint had made. FID is left out there: twenty images have no
+meaningful covariance.
+
 Run:  python benchmarks/memorization.py samples-*.npz --checkpoint RUN/checkpoints/STEP --out EVAL_ROOT \
-          [--subsets 3] [--num 5000]
+          [--subsets 3] [--num 5000] [--held-out FOLDER]
 
 The real features are cached in OUT/eval_cache (shared with ``ddim eval --workdir OUT`` and
 benchmarks/fid_of_samples.py); one JSON line goes to OUT/memorization.jsonl.
@@ -78,6 +84,25 @@ def compare(generated: np.ndarray, train: np.ndarray, held_out: np.ndarray, subs
     }
 
 
+def compare_small(generated: np.ndarray, train: np.ndarray, held_out: np.ndarray, subsets: int = 10,
+                  seed: int = 0) -> dict:
+    """Samples' features against all the training features and held-out subsets of the same size, for a
+    training set too small to split: the median nearest-distance ratio (1 for a model that does not copy,
+    towards 0 for one that does) and the share of samples nearer a training image (0.5, towards 1)."""
+    size = len(train)
+    if len(held_out) < size:
+        raise SystemExit(f"error: {len(held_out)} held-out images are fewer than the {size} training images")
+    rng = np.random.default_rng(seed)
+    to_train = nearest_distances(generated, train)
+    ratios, closer = [], []
+    for _ in range(subsets):
+        to_held_out = nearest_distances(generated, held_out[rng.permutation(len(held_out))[:size]])
+        ratios.append(float(np.median(to_train / np.maximum(to_held_out, 1e-12))))
+        closer.append(float(np.mean(to_train < to_held_out)))
+    return {"num": len(generated), "set_size": size, "subsets": subsets,
+            "median_distance_ratio": float(np.mean(ratios)), "share_closer_to_train": float(np.mean(closer))}
+
+
 def main(argv: list[str] | None = None, feature_extractor_factory=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("samples", nargs="+", help=".npz files with 'images' (uint8 NHWC) and 'classes'")
@@ -87,6 +112,8 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> dict:
     parser.add_argument("--num", type=int, default=None, help="use the first N samples (default: all)")
     parser.add_argument("--subsets", type=int, default=3, help="random training subsets to average over")
     parser.add_argument("--note", default="", help="how the samples were made (recorded as given)")
+    parser.add_argument("--held-out", help="a folder of images of the same kind that the run never saw, for a run "
+                        "that held none out: compared at the training set's size (compare_small)")
     args = parser.parse_args(argv)
 
     import ddim
@@ -105,9 +132,17 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> dict:
 
     images, _ = load_samples(args.samples)
     generated = cached_generated_features(images[:args.num], extractor, root.eval_cache)
-    record = {"checkpoint": str(Path(args.checkpoint).resolve()), "step": pipe.step,
-              **compare(generated, real_features(config, "train", extractor, root.eval_cache, data_cache)[0],
-                        real_features(config, "val", extractor, root.eval_cache, data_cache)[0], args.subsets),
+    train = real_features(config, "train", extractor, root.eval_cache, data_cache)[0]
+    if args.held_out:
+        other = config.override(f"data.image_dir={json.dumps(str(Path(args.held_out).resolve()))}",
+                                "data.val_fraction=0.0", "data.holdout_min_images=0")
+        held_out = real_features(other, "train", extractor, root.eval_cache, cache_root(other, args.out))[0]
+        scores = {**compare_small(generated, train, held_out, max(args.subsets, 10)),
+                  "passes": pipe.step * config.step_batch_size / len(train)}
+    else:
+        scores = compare(generated, train, real_features(config, "val", extractor, root.eval_cache, data_cache)[0],
+                         args.subsets)
+    record = {"checkpoint": str(Path(args.checkpoint).resolve()), "step": pipe.step, **scores,
               "real": f"{config.data.image_dir or config.data.dataset} at {config.model.image_size}px",
               "fid_net": extractor.identity, "note": args.note}
     print(json.dumps(record))

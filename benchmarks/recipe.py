@@ -3,7 +3,7 @@
 Run:  python benchmarks/recipe.py --root /tmp/recipe [--variants keras,velocity,...] [--steps 1000 4000]
       python benchmarks/recipe.py --root /tmp/recipe --time-only     (seconds per step of every variant, 32 and 64 px)
 
-Every variant trains ``configs/flowers64.toml`` at 32x32 with batch 64 from the same seed and data order
+Every variant trains ``ddim/configs/flowers64.toml`` at 32x32 with batch 64 from the same seed and data order
 (``ddim train``, so a rerun resumes where it stopped), with one change or a combination. ``--steps`` count
 steps of the Keras recipe: a variant whose step costs another time (a smaller batch or network,
 ``STEPS_PER_KERAS_STEP``) is trained to and scored at the step that takes the same wall time. At each of
@@ -44,7 +44,7 @@ BASE = [
     "model.image_size=32", "train.batch_size=64", "train.kid_images=0", "train.eval_every=0",
     "train.keep_checkpoints=100",
 ]
-"""The Keras example's recipe at 32x32 (configs/flowers64.toml otherwise): what every variant starts from."""
+"""The Keras example's recipe at 32x32 (ddim/configs/flowers64.toml otherwise): what every variant starts from."""
 
 ATTENTION = ["model.attention_resolutions=[16, 8]", "model.attention_heads=1"]
 """DDPM's placement (16x16 for 32x32 images) and head count. Four heads (ADM) cost 2.5x a step on the CPU at
@@ -55,10 +55,10 @@ WARMUP = 200
 """The warm-up of the variants with a schedule (SCHEDULE)."""
 SCHEDULE = ['train.lr_schedule="cosine"', f"train.warmup_steps={WARMUP}", "train.grad_clip=1.0"]
 FAST = ['model.embedding_injection="every-block"', *SCHEDULE]
-"""The changes that helped alone, together (the `fast` variant: configs/flowers64-fast.toml's recipe;
-configs/flowers32.toml's is `fast-lr2e-3`, the same at a peak learning rate of 2e-3)."""
+"""The changes that helped alone, together (the `fast` variant: ddim/configs/flowers64-fast.toml's recipe;
+ddim/configs/flowers32.toml's is `fast-lr2e-3`, the same at a peak learning rate of 2e-3)."""
 RECOMMENDED = [*FAST, "train.learning_rate=2e-3"]
-"""configs/flowers32.toml's recipe (the `fast-lr2e-3` variant): the base of the later variants' single changes."""
+"""ddim/configs/flowers32.toml's recipe (the `fast-lr2e-3` variant): the base of the later variants' single changes."""
 OBJECTIVE = ['model.prediction="velocity"', 'train.loss="mse"', 'train.loss_weighting="min-snr"']
 """The literature's objective: v-prediction with an MSE loss weighted by min-SNR-5 (Hang et al. 2023)."""
 
@@ -160,7 +160,7 @@ def overrides(variant: str, max_steps: int, checkpoint_every: int) -> list[str]:
 def train(root: Path, variant: str, steps: list[int], until: int) -> None:
     """Train (or resume) ``variant`` to step ``until`` with the ``ddim`` command, a checkpoint at every one of ``steps``."""
     every = min(steps) if all(s % min(steps) == 0 for s in steps) else 1000
-    command = [sys.executable, "-m", "ddim.cli", "train", "--config", str(REPO / "configs" / "flowers64.toml"),
+    command = [sys.executable, "-m", "ddim.cli", "train", "--config", "flowers64",
                "--workdir", str(root / variant)]
     # One preprocessed-image cache for every variant.
     for override in [*overrides(variant, until, every), f"data.cache_dir={json.dumps(str(root / 'data_cache'))}"]:
@@ -207,7 +207,7 @@ def seconds_per_step(variants: list[str], image_size: int, rounds: int = 6) -> d
         size = batch_size(variant)
         images = np.random.default_rng(0).integers(0, 256, (size, image_size, image_size, 3), dtype=np.uint8)
         batch = {"image": jax.numpy.asarray(images), "label": jax.numpy.full((size,), -1, jax.numpy.int32)}
-        config = load_config(REPO / "configs" / "flowers64.toml",
+        config = load_config("flowers64",
                              [*overrides(variant, 4000, 1000), f"model.image_size={image_size}"])
         step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True,
                                          objective=Objective.of(config.model, config)), donate_argnums=(0,))

@@ -9,7 +9,7 @@ generation with the same time grid) at each of ``--steps``. Their CIFAR-10 numbe
 model, a schedule whose clean end has signal rate ~1) are printed beside ours.
 
 ``--pretrained NAME`` measures a model bundled with ddim; without it or ``--checkpoint`` it trains
-``configs/smoke.toml`` first and says so. Results are appended to
+``ddim/configs/smoke.toml`` first and says so. Results are appended to
 ``<out>/reconstruction.jsonl`` (a rerun skips what is done) and a Markdown table is printed at the end.
 """
 

@@ -18,7 +18,7 @@ Inception against every real Flowers image at the model's size). The real featur
 reference and the RMSE.
 
 ``--pretrained NAME`` measures a model bundled with ddim; without ``--checkpoint`` or ``--pretrained`` it
-trains ``configs/smoke.toml`` first (needs the dataset) and says so. Results are appended to
+trains ``ddim/configs/smoke.toml`` first (needs the dataset) and says so. Results are appended to
 ``<out>/samplers.jsonl`` as they come (a rerun with the same settings skips what is done, the reference is
 cached in ``<out>/``), and a Markdown table is printed at the end: RMSE per step count, or with ``--fid``
 one row per setting ranked by FID within each step count. Timings are wall clock on whatever else the

@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/serve.py --checkpoint runs/flowers64/checkpoints/25500 [--checkpoint ...] [--out serve.json]
       python benchmarks/serve.py --pretrained flowers32 --browser --screenshot docs/images/serve.png
-      python benchmarks/serve.py            # trains configs/smoke.toml (24 steps) in a temporary directory first
+      python benchmarks/serve.py            # trains ddim/configs/smoke.toml (24 steps) in a temporary directory first
 
 For each checkpoint, with ``--num`` images (16) at ``--steps`` steps (20), seeds 0, 1, ...:
 
@@ -216,7 +216,7 @@ def bench_checkpoint(checkpoint: str, num: int, steps: int, repeats: int, browse
 
 def train_smoke(directory: Path) -> str:
     env = {**os.environ}
-    subprocess.run(ddim_command("train", "--config", str(REPO / "configs" / "smoke.toml"), "--workdir", str(directory)),
+    subprocess.run(ddim_command("train", "--config", "smoke", "--workdir", str(directory)),
                    check=True, capture_output=True, cwd=REPO, env=env)
     return str(directory)
 

@@ -1,6 +1,6 @@
 """Where a CPU training step's time goes, by XLA operation: XLA:CPU's own trace of each operation it runs.
 
-Run:  python benchmarks/step_profile.py --config configs/flowers64.toml [--set key=value ...] [--steps 2] [--top 30]
+Run:  python benchmarks/step_profile.py --config flowers64 [--set key=value ...] [--steps 2] [--top 30]
 
 Prints the operations (fusions, YNNPACK calls, matmuls) of the compiled train step grouped by kind and by
 where they come from (forward or backward pass, and the JAX operation, from XLA's metadata), with their
@@ -54,7 +54,7 @@ def group_events(durations: dict[str, float], origins: dict[str, tuple[str, str]
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "configs" / "flowers64.toml"))
+    parser.add_argument("--config", default="flowers64")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override key=value")
     parser.add_argument("--steps", type=int, default=2, help="traced steps (after a warm-up step)")
     parser.add_argument("--top", type=int, default=30, help="rows to print")

@@ -37,7 +37,7 @@ runtime.enable_compilation_cache()
 os.environ.update(runtime.fast_allocator_environment())
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
+CONFIGS = REPO / "ddim" / "configs"
 
 # Small enough to compile and run a step in about a second on a 2-core CPU.
 TINY = [

@@ -177,16 +177,16 @@ def test_the_quality_benchmarks_refuse_bad_model_options(tmp_path, monkeypatch, 
 @pytest.mark.parametrize("config, image_size, variant", [("flowers32.toml", 32, "fast-lr2e-3"),
                                                            ("flowers64-fast.toml", 64, "fast")])
 def test_the_fast_configs_are_the_ablations_fast_variant(config, image_size, variant):
-    """configs/flowers32.toml and configs/flowers64-fast.toml are the recipes benchmarks/recipe.py measured as
+    """ddim/configs/flowers32.toml and ddim/configs/flowers64-fast.toml are the recipes benchmarks/recipe.py measured as
     ``fast-lr2e-3`` and ``fast`` (the bundled flowers64's, unchanged: 2e-3 is measured at 32x32 only): the Keras
     config with the ablation's base and the variant's overrides (at the config's image size) gives the same model
     and the same training objective and schedule."""
     from ddim.config import load_config
 
     recipe = load_benchmark("recipe")
-    measured = load_config(REPO / "configs" / "flowers64.toml",
+    measured = load_config("flowers64",
                            [*recipe.BASE, *recipe.VARIANTS[variant], f"model.image_size={image_size}"])
-    shipped = load_config(REPO / "configs" / config)
+    shipped = load_config(config)
     # The class embedding only acts on class-conditional models, which the (unconditional) ablation does not
     # train; the class benchmark (benchmarks/class_usage.py, benchmarks/guidance.py) chose it.
     assert shipped.model.class_embedding == "adm"
@@ -207,8 +207,8 @@ def test_the_ablation_compares_variants_of_other_step_costs_at_equal_wall_time()
     assert recipe.scaled_step("keras", 1000) == 1000
     for variant, ratio in recipe.STEPS_PER_KERAS_STEP.items():
         assert recipe.scaled_step(variant, 1000) == round(1000 * ratio) > 1000
-        config = load_config(REPO / "configs" / "flowers64.toml", recipe.overrides(variant, 4000, 1000))
-        plain = load_config(REPO / "configs" / "flowers64.toml", recipe.overrides("fast-lr2e-3", 4000, 1000))
+        config = load_config("flowers64", recipe.overrides(variant, 4000, 1000))
+        plain = load_config("flowers64", recipe.overrides("fast-lr2e-3", 4000, 1000))
         assert config.train.lr_decay_steps == recipe.scaled_step(variant, recipe.LENGTH)
         assert config.train.warmup_steps == recipe.scaled_step(variant, plain.train.warmup_steps)
     assert recipe.batch_size("fast-b32") == 32 and recipe.batch_size("keras") == 64

@@ -152,4 +152,4 @@ def test_the_check_catches_a_figure_the_record_does_not_hold(tmp_path):
                     "| `flowers64` | 39.2 (40.4 at 5,000) |\n")
     found = [figure for _, quoted in blocks(page) for figure in quoted]
     assert found == ["33.0", "39.2", "40.4"] and "33.0" not in figures
-    assert not re.search(MODEL_NAME.format("flowers64"), "configs/flowers64-fast.toml and runs/flowers64")
+    assert not re.search(MODEL_NAME.format("flowers64"), "ddim/configs/flowers64-fast.toml and runs/flowers64")

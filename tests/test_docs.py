@@ -200,6 +200,8 @@ COMMAND_PAGES = PAGES  # the README, the guides and the research record
 
 @pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
 def test_every_command_shown_parses_with_the_cli(page):
+    from ddim.config import ConfigError
+    from ddim.config import named as named_config
     from ddim.spec import SAMPLERS, SPACINGS
 
     problems = []
@@ -215,6 +217,12 @@ def test_every_command_shown_parses_with_the_cli(page):
             if not partial:
                 problems.append(f"{command}: {error}")
             continue
+        config = params.get("config")
+        if config is not None and not str(config).endswith(".toml") and str(config) != "1":
+            try:  # a name, not a file of the reader's: one of the packaged configs
+                named_config.resolve(Path(str(config)).name)
+            except ConfigError as error:
+                problems.append(f"{command}: {error}")
         for option, names in (("sampler", SAMPLERS), ("spacing", SPACINGS)):
             if params.get(option) is not None and params[option] not in names and params[option] != "1":
                 problems.append(f"{command}: --{option} {params[option]} is not one of {', '.join(names)}")
@@ -237,8 +245,8 @@ def test_the_command_check_refuses_what_the_cli_refuses(tmp_path):
 @pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
 def test_every_script_and_config_shown_exists(page):
     text = page.read_text(encoding="utf-8")
-    named = set(re.findall(r"(?<![\w/])((?:benchmarks|configs|tools)/[\w.-]+\.(?:py|toml|sh))", text))
-    missing = sorted(path for path in named if not (REPO / path).is_file())
+    named = set(re.findall(r"(?<![\w/])((?:benchmarks|ddim/configs|tools)/[\w./-]+\.(?:py|toml|sh))", text))
+    missing = sorted(path for path in named if not (REPO / path).is_file() and not PLACEHOLDER.search(path))
     assert not missing, f"{page.relative_to(REPO)} names files that do not exist: {missing}"
 
 

@@ -25,7 +25,7 @@ from ddim.evaluation import keras_inception
 from tests.conftest import mock_flowers
 
 REPO = Path(__file__).resolve().parents[1]
-SMOKE = REPO / "configs" / "smoke.toml"
+SMOKE = "smoke"
 
 MOCK_EXAMPLES = 32  # what tests.conftest.mock_flowers() gives per split
 

@@ -1,8 +1,8 @@
 """Your own folder, with and without classes: the commands the user guide gives build the recipe they promise.
 
-configs/folder64.toml is the Keras reference for a folder; by class it must give the network ADM's class
+ddim/configs/folder64.toml is the Keras reference for a folder; by class it must give the network ADM's class
 embedding (the one it uses) instead of the small vectors it hardly uses, and say in one line what else that
-needs. The bundled flowers64's recipe on a folder (configs/flowers64-fast.toml) trains by class the same way.
+needs. The bundled flowers64's recipe on a folder (ddim/configs/flowers64-fast.toml) trains by class the same way.
 """
 
 from __future__ import annotations

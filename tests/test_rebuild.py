@@ -108,11 +108,11 @@ name = "cheap"
 about = "two stages of cheap commands"
 
 [settings]
-config = "configs/smoke.toml"
+config = "smoke"
 bad = "/nowhere/missing.toml"
 
 [smoke]
-bad = "configs/smoke.toml"
+bad = "smoke"
 
 [[stage]]
 name = "first"

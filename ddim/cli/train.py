@@ -22,13 +22,13 @@ from ddim.cli.app import (
 
 @app.command()
 def train(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config (default: the flowers64 reference setup)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A packaged config's name (`ddim configs` lists them) or a TOML file (default: flowers64, the reference setup; with --init, the fine-tune settings for the source's size)."),
     workdir: Optional[Path] = workdir_option("Work directory (default: runs/<config name>, with an image folder runs/<config name>-<folder name>)."),
     data: Optional[Path] = typer.Option(None, "--data", "-d", help=DATA_HELP),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a config value: section.key=value (repeatable)."),
     init: Optional[str] = typer.Option(
         None, "--init", help="Fine-tune: start from a trained model (pretrained:NAME, a run directory or a checkpoint "
-        "step directory) instead of random weights; the network's shape comes from it (docs/finetuning.md)."),
+        "step directory) instead of random weights; its network and loss come from it (docs/finetuning.md)."),
     compilation_cache: Optional[str] = compilation_cache_option(),
     coordinator: Optional[str] = typer.Option(
         None, "--coordinator", help="Multi-host: address host:port of process 0 (or set DDIM_DISTRIBUTED=1)."

@@ -6,7 +6,7 @@ Every value is documented where it is defined, one module per section
 its own values; :mod:`~ddim.config.parsing` reads TOML and overrides and builds
 the dataclasses, :mod:`~ddim.config.run` is the whole :class:`Config`. The
 defaults are the reference setup of the Keras DDIM example
-(``configs/flowers64.toml`` spells them out). Unknown sections or keys and
+(``ddim/configs/flowers64.toml`` spells them out). Unknown sections or keys and
 values of the wrong type are errors (:class:`ConfigError`), never silently
 ignored.
 

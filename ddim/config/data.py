@@ -43,13 +43,21 @@ class DataConfig:
     """TFDS data directory; empty means TFDS's default (or $TFDS_DATA_DIR)."""
     dataset_repetitions: int = 5
     """Passes over the training images per epoch (as in the Keras example)."""
+    min_epoch_images: int = 0
+    """An epoch repeats the training images more than ``dataset_repetitions`` times where needed to hold at least
+    this many, so that a small folder's epoch is not a single step (checkpoints and logs also come at every
+    epoch's end, and sample grids every ``train.eval_every`` epochs); 0: ``dataset_repetitions`` alone."""
+    holdout_min_images: int = 0
+    """Image folders: with fewer usable images than this, none is held out (``val_fraction`` is not applied) and
+    every image trains; a run says so in one line. 0: always hold ``val_fraction`` out."""
 
 
 
 def validate_data(d: DataConfig) -> None:
     """Check the ``[data]`` values' ranges."""
     at_least(1, {"data.dataset_repetitions": d.dataset_repetitions, "data.max_image_pixels": d.max_image_pixels})
-    at_least(0, {"data.min_image_size": d.min_image_size, "data.workers": d.workers, "data.prefetch": d.prefetch})
+    at_least(0, {"data.min_image_size": d.min_image_size, "data.workers": d.workers, "data.prefetch": d.prefetch,
+                 "data.min_epoch_images": d.min_epoch_images, "data.holdout_min_images": d.holdout_min_images})
     if not 0.0 <= d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
     if not 0.0 <= d.max_bad_fraction <= 1.0:

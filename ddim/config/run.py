@@ -11,7 +11,8 @@ from ddim.config.data import DataConfig, validate_data
 from ddim.config.distill import DistillConfig, validate_distill
 from ddim.config.init import InitConfig, validate_init
 from ddim.config.model import ModelConfig, validate_model
-from ddim.config.parsing import apply_overrides, build, drop_retired_keys, plain, read_toml
+from ddim.config import named
+from ddim.config.parsing import apply_overrides, build, drop_retired_keys, plain
 from ddim.config.train import TrainConfig, validate_train
 
 
@@ -53,12 +54,12 @@ def from_dict(values: dict[str, Any]) -> Config:
 
 
 def config_values(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """The nested values of a TOML config (none when ``path`` is None) with overrides applied, not yet
+    """The nested values of a TOML config, a file or a packaged config's name (none when ``path`` is None) with overrides applied, not yet
     validated: the keys a user set, which fine-tuning tells apart from the defaults."""
     values: dict[str, Any] = {}
     if path is not None:
-        values = read_toml(path)
-        values.setdefault("name", Path(path).stem)
+        values, file = named.read(path)
+        values.setdefault("name", file.stem)
     return apply_overrides(values, list(overrides or []))
 
 

@@ -15,6 +15,10 @@ class TrainConfig:
     """Training epochs (one epoch is dataset_repetitions passes over the training images)."""
     max_steps: int = 0
     """Stop after this many optimiser steps in total; 0 means train all num_epochs."""
+    max_images: int = 0
+    """Stop after this many training images in total (``max_images / batch_size`` steps, rounded up): a length
+    that means the same on a folder of 20 images and of 20,000, where epochs do not; 0: no such limit. Of
+    num_epochs, max_steps and max_images, the one that ends the run first ends it."""
     batch_size: int = 64
     """Global batch size (images per optimiser step)."""
     learning_rate: float = 1e-3
@@ -100,6 +104,7 @@ def validate_train(t: TrainConfig) -> None:
     })
     at_least(0, {
         "train.max_steps": t.max_steps,
+        "train.max_images": t.max_images,
         "train.eval_every": t.eval_every,
         "train.keep_checkpoints_every": t.keep_checkpoints_every,
         "train.eval_batches": t.eval_batches,

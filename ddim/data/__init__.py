@@ -21,7 +21,7 @@ the source is TFDS.
 
 from ddim.data.cache import ImageRows
 from ddim.data.errors import DataError
-from ddim.data.loader import epoch_batches, eval_batches, first_batches, steps_per_epoch, train_batches
+from ddim.data.loader import epoch_batches, eval_batches, first_batches, steps_per_epoch, total_steps, train_batches
 from ddim.data.preprocess import center_crop_resize
 from ddim.data.report import REPORT_FILE, Data, previous_fingerprint, write_report
 from ddim.data.sources import cache_root, load, load_split, load_split_labels, min_image_size, split_fingerprint
@@ -30,5 +30,5 @@ from ddim.runtime import tensorflow
 __all__ = [
     "Data", "DataError", "ImageRows", "REPORT_FILE", "cache_root", "center_crop_resize", "epoch_batches",
     "eval_batches", "first_batches", "load", "load_split", "load_split_labels", "min_image_size",
-    "previous_fingerprint", "split_fingerprint", "steps_per_epoch", "tensorflow", "train_batches", "write_report",
+    "previous_fingerprint", "split_fingerprint", "steps_per_epoch", "tensorflow", "total_steps", "train_batches", "write_report",
 ]

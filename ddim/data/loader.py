@@ -36,15 +36,35 @@ from ddim.data.errors import DataError
 READ_THREADS = 1
 
 
+def repetitions(config: Config, num_train_images: int) -> int:
+    """Passes over the training images in one epoch: ``data.dataset_repetitions``, or more where an epoch must
+    hold ``data.min_epoch_images``."""
+    wanted = -(-config.data.min_epoch_images // max(num_train_images, 1))  # ceil
+    return max(config.data.dataset_repetitions, wanted)
+
+
 def steps_per_epoch(config: Config, num_train_images: int) -> int:
     """Optimiser steps per epoch: repetitions x images, in whole batches."""
-    steps = (num_train_images * config.data.dataset_repetitions) // config.train.batch_size
+    passes = repetitions(config, num_train_images)
+    steps = (num_train_images * passes) // config.train.batch_size
     if steps < 1:
         raise DataError(
-            f"{num_train_images} training images x {config.data.dataset_repetitions} repetitions do not fill "
-            f"one batch of {config.train.batch_size}"
+            f"{num_train_images} training images x {passes} repetitions do not fill one batch of "
+            f"{config.train.batch_size}"
         )
     return steps
+
+
+def total_steps(config: Config, steps_per_epoch: int) -> int:
+    """The run's length in optimiser steps: the first of ``train.num_epochs``, ``train.max_steps`` and
+    ``train.max_images`` (in whole batches, rounded up) to end it."""
+    t = config.train
+    limits = [t.num_epochs * steps_per_epoch]
+    if t.max_steps:
+        limits.append(t.max_steps)
+    if t.max_images:
+        limits.append(-(-t.max_images // t.batch_size))
+    return min(limits)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -54,7 +74,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def epoch_order(num_images: int, config: Config, epoch: int) -> np.ndarray:
     """The image index of every position of epoch ``epoch``: the images repeated
     ``data.dataset_repetitions`` times under one global random permutation, seeded by ``(seed, epoch)``."""
-    total = num_images * config.data.dataset_repetitions
+    total = num_images * repetitions(config, num_images)
     rng = np.random.Generator(np.random.PCG64([config.train.seed, epoch]))
     order = rng.permutation(total) % num_images
     return order.astype(np.int32) if num_images < 2**31 else order

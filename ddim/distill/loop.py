@@ -34,7 +34,8 @@ from ddim import data as data_lib
 from ddim import parallel
 from ddim.checkpoint import Checkpointer, load_ema
 from ddim.checkpoint.ema import check_fits_config
-from ddim.config import Config, ConfigError, apply_overrides, from_dict, read_toml
+from ddim.config import Config, ConfigError, apply_overrides, from_dict
+from ddim.config import named as named_config
 from ddim.distill import plan as plan_lib
 from ddim.distill.plan import Phase
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
@@ -83,7 +84,7 @@ def check_settings(config_file: str | Path | None = None, overrides=()) -> None:
 def _distill_values(values: dict, teacher_name: str, config_file) -> dict:
     values = dict(values, name=f"{teacher_name}-distilled")
     if config_file is not None:
-        given = read_toml(config_file)
+        given, _ = named_config.read(config_file)
         extra = sorted(set(given) - {"name", "distill"})
         if extra:
             raise ConfigError(f"a distillation config holds [distill] and name only (the rest is the teacher's); "

@@ -41,15 +41,31 @@ CLASS_TABLE = ("network", "classes", "table", "embedding")
 """Where a class-conditional network keeps its class vectors, one row per class and the null class last."""
 
 
+FINE_TUNE_CONFIGS = {32: "finetune32", 64: "finetune64"}
+"""The packaged config a fine-tune with no ``--config`` takes, by the source's image size (any other size:
+``finetune32``'s settings, which name no size): the length, learning rate, warm-up and reporting suited to a
+fine-tune, everything else from the source."""
+OBJECTIVE = ("loss", "loss_weighting", "snr_gamma", "p2_k", "p2_gamma")
+"""The ``[train]`` keys that say what the source's network was trained to minimise: a fine-tune keeps the
+source's unless its config sets them."""
+
+
 def load_run_config(path=None, overrides: list[str] | None = None, init: str | None = None) -> Config:
-    """A run's config from a TOML file and overrides, as :func:`ddim.config.load_config`; with a source (``init``,
-    or ``init.source`` in the file or overrides) the network's shape comes from the source
-    (:func:`with_source_model`). What ``ddim train`` and ``ddim.train.finetune`` read."""
-    values = config_values(path, list(overrides or []) + ([f"init.source={_toml_string(init)}"] if init else []))
+    """A run's config from a TOML file (or a packaged config's name) and overrides, as
+    :func:`ddim.config.load_config`; with a source (``init``, or ``init.source`` in the file or overrides) the
+    network's shape and loss come from the source (:func:`with_source_model`), and with no file the packaged
+    fine-tune settings for the source's size (:data:`FINE_TUNE_CONFIGS`). What ``ddim train``, ``ddim data`` and
+    ``ddim.train.finetune`` read."""
+    overrides = list(overrides or []) + ([f"init.source={_toml_string(init)}"] if init else [])
+    values = config_values(path, overrides)
     source = (values.get("init") or {}).get("source") if isinstance(values.get("init"), dict) else None
     if not source:
         return from_dict(values)
-    return from_dict(with_source_model(values, load_source_config(source)))
+    source_config = load_source_config(source)
+    if path is None:
+        preset = FINE_TUNE_CONFIGS.get(source_config.model.image_size, FINE_TUNE_CONFIGS[32])
+        values = config_values(preset, overrides)
+    return from_dict(with_source_model(values, source_config))
 
 
 def _toml_string(text: str) -> str:
@@ -69,14 +85,17 @@ def load_source(source: str):
     from ddim.pretrained.registry import load_source as load
 
     loaded = load(source)
-    if loaded.config.model.distilled_steps or loaded.config.model.guidance_input:
-        raise UserError(f"{source} is a distilled student ({loaded.config.model.distilled_steps} steps): fine-tune "
-                        "the diffusion model it was distilled from instead")
+    model = loaded.config.model
+    if model.distilled_steps or model.guidance_input:
+        teacher = f" ({model.distilled_from})" if model.distilled_from else ""
+        raise UserError(f"{source} is a distilled student ({model.distilled_steps} steps): fine-tune the diffusion "
+                        f"model it was distilled from{teacher} instead")
     return loaded
 
 
 def with_source_model(values: dict[str, Any], source: Config) -> dict[str, Any]:
-    """``values`` (a config's nested values) with the source's ``[model]`` under the keys the user set.
+    """``values`` (a config's nested values) with the source's ``[model]`` under the keys the user set, and its
+    loss (:data:`OBJECTIVE`) where the user set none.
 
     A key the user set that the source fixes (its shape, schedule, embedding layout) must equal the source's,
     else :class:`ConfigError` naming it and both values. Without a name the run is ``<source name>-finetune``.
@@ -96,6 +115,10 @@ def with_source_model(values: dict[str, Any], source: Config) -> dict[str, Any]:
     model = {key: value for key, value in theirs.items() if key not in CLASSES}
     model.update(user)
     values["model"] = model
+    train = dict(values.get("train") or {})
+    for key in OBJECTIVE:
+        train.setdefault(key, getattr(source.train, key))
+    values["train"] = train
     values.setdefault("name", f"{source.name}-finetune")
     return values
 
