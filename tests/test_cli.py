@@ -139,6 +139,38 @@ def test_help_still_prints_with_one_line_errors():
     assert "sample" in result.output and "error:" not in result.output
 
 
+HELP_SCREEN_LINES = 60  # two screens of 30 lines
+
+
+def help_at_80_columns(*command: str) -> list[str]:
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, result.output
+    return lines
+
+
+def test_sample_help_fits_two_screens_at_80_columns_with_every_docs_link_whole():
+    import re
+
+    from tests.test_docs import REPO, anchors
+
+    lines = help_at_80_columns("sample")
+    assert len(lines) <= HELP_SCREEN_LINES, "\n".join(lines)
+    assert any("docs/sampling.md#which-sampler-how-many-steps" in line for line in lines), "\n".join(lines)
+    for line in lines:
+        assert "\u2026" not in line, line  # nothing cut short with an ellipsis
+        for link in re.findall(r"docs/[\w./-]*[\w/](?:#[\w-]*)?", line):  # each link whole on its line
+            path, _, anchor = link.partition("#")
+            assert (REPO / path).is_file() and (not anchor or anchor in anchors(REPO / path)), (link, line)
+
+
+@pytest.mark.parametrize("command", [["train"], ["eval"], ["edit"], ["interpolate"], ["distill"], ["serve"]])
+def test_other_commands_help_cuts_no_text_short_at_80_columns(command):
+    lines = help_at_80_columns(*command)
+    assert not [line for line in lines if "\u2026" in line], "\n".join(lines)
+
+
 def test_output_path_is_a_file(trained_workdir, tmp_path):
     target = tmp_path / "file.png"
     target.write_bytes(b"x")

@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 import typer
 from typer.core import TyperGroup
 
-from ddim.spec import (DEFAULT_STEPS, FEW_STEPS, FEW_STEPS_BEST, FID_BEST_SPACING, SAMPLERS, SPACINGS, SamplingSpec,
+from ddim.spec import (DEFAULT_STEPS, FEW_STEPS, FEW_STEPS_BEST, SAMPLERS, SPACINGS, SamplingSpec,
                        SpecError)
 
 
@@ -65,7 +65,7 @@ app = typer.Typer(
 
 DEFAULT_RUNS_DIR = Path("runs")
 
-CACHE_HELP = "JAX compilation cache directory ('off' to disable; default ~/.cache/ddim/jax or $DDIM_COMPILATION_CACHE)."
+CACHE_HELP = "JAX compilation cache folder or 'off' (default: $DDIM_COMPILATION_CACHE or ~/.cache/ddim/jax)."
 
 
 @app.callback()
@@ -122,15 +122,12 @@ def require_positive(**values: Optional[int]) -> None:
 # The registry of names is ddim.spec's (JAX-free, so `ddim --help` stays instant).
 SAMPLER_NAMES = tuple(SAMPLERS)
 SPACING_NAMES = tuple(SPACINGS)
-SAMPLER_HELP = (
-    "Solver of the reverse process: "
-    + "; ".join(f"{name} ({kind.summary})" for name, kind in SAMPLERS.items())
-    + ". Which to use: docs/sampling.md#which-sampler-how-many-steps."
-)
+# Short enough for a help column of about 40 characters at 80 columns (the options table leaves no more): what
+# each name means, which to use and why are in docs/sampling.md, which a command's description links whole.
+SAMPLING_GUIDE = "docs/sampling.md#which-sampler-how-many-steps"
+SAMPLER_HELP = f"Solver: {', '.join(SAMPLER_NAMES[:-1])} or {SAMPLER_NAMES[-1]} (docs/sampling.md)."
 TIP_BELOW_STEPS = 50  # where the grids were compared; with many steps every grid converges
-SPACING_HELP = ("Time grid: " + "; ".join(f"{name} ({summary})" for name, summary in SPACINGS.items())
-                + f". By the FID of samples: {FID_BEST_SPACING} at 20 steps (the safe grid); with {FEW_STEPS} steps or "
-                f"fewer, --sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]}.")
+SPACING_HELP = f"Time grid: {', '.join(SPACING_NAMES[:-1])} or {SPACING_NAMES[-1]}."
 
 
 def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
@@ -215,7 +212,7 @@ DATA_HELP = "Folder of your own training images (a shortcut for --set data.image
 
 
 # The options several commands share, defined once (each call gives a command its own option object).
-def workdir_option(help: str = "Work directory whose latest checkpoint to use."):
+def workdir_option(help: str = "A run's work directory: its latest checkpoint."):
     return typer.Option(None, "--workdir", "-w", help=help)
 
 
@@ -224,19 +221,22 @@ def checkpoint_option():
 
 
 def pretrained_option():
-    return typer.Option(None, "--pretrained", help="A model bundled with ddim, by name (`ddim pretrained` lists "
-                        "them); instead of --workdir/--checkpoint.")
+    return typer.Option(None, "--pretrained", help="A bundled model by name (`ddim pretrained` lists them).")
 
 
 PLAIN = SamplingSpec()  # what a model with no measured best setting samples with
-MODEL_DEFAULT = "Default: the model's own: a bundled model's best measured setting (`ddim pretrained`), else {}."
+MODEL_DEFAULT = "Default: the model's own, else {}."
+MODEL_OWN = ("Sampling options left out take the model's own setting: a bundled model's best measured one "
+             f"(`ddim pretrained`), a distilled student's own steps and sampler; else {PLAIN.steps} {PLAIN.sampler} "
+             f"steps on the {PLAIN.spacing} grid, no guidance.")
+"""What :data:`MODEL_DEFAULT` means, said once in the description of a command that samples."""
 
 
 STUDENT_STEPS = "a distilled student: its own step count, its only one"
 
 
-def steps_option(help: str = "Sampling steps (network calls per image).",
-                 default: str = MODEL_DEFAULT.format(f"{PLAIN.steps} ({STUDENT_STEPS})")):
+def steps_option(help: str = "Sampling steps (one network pass each, two with guidance unless distilled).",
+                 default: str = MODEL_DEFAULT.format(PLAIN.steps)):
     return typer.Option(None, "--steps", help=f"{help} {default}")
 
 
@@ -249,24 +249,22 @@ def spacing_option():
 
 
 def clip_option():
-    return typer.Option(False, "--clip", help="Clip every step's image prediction to the pixels' range and go on "
-                        "with the noise it implies (DDPM's clip_denoised). Default: off.")
+    return typer.Option(False, "--clip", help="Clip each step's image prediction to the pixel range "
+                        "(DDPM's clip_denoised).")
 
 
 def eta_option():
-    return typer.Option(None, "--eta", help="DDIM eta: 0 deterministic (the default), 1 DDPM-like (DDIM eq. 16).")
+    return typer.Option(None, "--eta", help="DDIM eta: 0 deterministic (the default), 1 DDPM-like.")
 
 
-CLASS_HELP = ("Class-conditional checkpoints: a class name or id for every image, or repeated, one per image "
-              "(default: drawn as the training data's classes are).")
+CLASS_HELP = "Class name or id; repeated: one per image (default: drawn as in the data)."
 
 
 def class_option(help: str = CLASS_HELP):
-    return typer.Option([], "--class", help=help)
+    return typer.Option([], "--class", metavar="NAME", help=help)
 
 
-GUIDANCE_HELP = ("Class-conditional checkpoints: classifier-free guidance scale (1 plain conditional; 0 "
-                 "unconditional; above 1 more like the class).")
+GUIDANCE_HELP = "Guidance: 1 none, 0 unconditional, above 1 more like the class."
 
 
 def guidance_option(default: str = MODEL_DEFAULT.format("1")):
@@ -281,7 +279,7 @@ def describe_classes(pipe) -> str:
     return "\n".join(f"{i:4d}  {count:>6}  {name}" for i, (name, count) in enumerate(zip(pipe.classes, counts)))
 
 
-def batch_size_option(help: str = "Images processed at once (bounds memory)."):
+def batch_size_option(help: str = "Images at once (bounds memory)."):
     return typer.Option(64, "--batch-size", "-b", help=help)
 
 

@@ -9,6 +9,8 @@ from typing import List, Optional
 import typer
 
 from ddim.cli.app import (
+    MODEL_OWN,
+    SAMPLING_GUIDE,
     app,
     batch_size_option,
     checkpoint_option,
@@ -37,15 +39,22 @@ from ddim.cli.app import (
 )
 
 
-@app.command()
+SAMPLE_HELP = f"""Generate images with the EMA weights of a checkpoint and write them as PNGs.
+
+A class-conditional model takes --class and --guidance; classes.json then says which class each image is.
+{MODEL_OWN} Which sampler and how many steps: {SAMPLING_GUIDE}
+"""
+
+
+@app.command(help=SAMPLE_HELP)
 def sample(
     workdir: Optional[Path] = workdir_option(),
     checkpoint: Optional[Path] = checkpoint_option(),
     pretrained: Optional[str] = pretrained_option(),
-    out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output directory for NNNN.png and grid.png."),
+    out: Path = typer.Option(Path("samples"), "--out", "-o", help="Output folder."),
     num: int = typer.Option(16, "--num", "-n", help="Number of images."),
     steps: Optional[int] = steps_option(),
-    seed: int = typer.Option(0, "--seed", help="Random seed (same seed, checkpoint and steps: same pixels)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed; same seed, same pixels."),
     eta: Optional[float] = eta_option(),
     clip: bool = clip_option(),
     sampler: Optional[str] = sampler_option(),
@@ -53,19 +62,15 @@ def sample(
     classes: List[str] = class_option(),
     guidance: Optional[float] = guidance_option(),
     list_classes: bool = typer.Option(False, "--list-classes", help="Print the model's classes and exit."),
-    batch_size: int = batch_size_option("Images generated at once (bounds memory)."),
-    grid: bool = typer.Option(True, "--grid/--no-grid", help="Also write grid.png."),
-    trajectory: bool = typer.Option(
-        False, "--trajectory", help="Also write trajectory.gif: the predicted images after every step."
-    ),
+    batch_size: int = batch_size_option(),
+    no_grid: bool = typer.Option(False, "--no-grid", help="Leave out grid.png."),
+    _grid: bool = typer.Option(False, "--grid", hidden=True, help="The default: write grid.png."),
+    trajectory: bool = typer.Option(False, "--trajectory", help="Also write trajectory.gif (each step's prediction)."),
     overwrite: bool = overwrite_option(),
     compilation_cache: Optional[str] = compilation_cache_option(),
 ):
-    """Generate images with the EMA weights of a checkpoint and write them as PNGs.
-
-    A class-conditional checkpoint takes --class (a name or an id; repeat it for one class per image) and
-    --guidance; classes.json then says which class each image is.
-    """
+    """Generate images with the EMA weights of a checkpoint and write them as PNGs (``SAMPLE_HELP``)."""
+    grid = not no_grid
     require_positive(num=num, steps=steps, batch_size=batch_size)
     changes = sampling_changes(steps, sampler, spacing, eta, guidance, clip)
     source = checkpoint_source(workdir, checkpoint, pretrained)
@@ -96,3 +101,4 @@ def sample(
                                       trajectory=trajectory, overwrite=overwrite, on_batch=on_batch, classes=ids)
     elapsed = time.perf_counter() - started
     typer.echo(f"wrote {num} images{''.join(' and ' + e for e in extras)} to {out} in {elapsed:.1f}s")
+

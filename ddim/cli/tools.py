@@ -44,7 +44,7 @@ from ddim.cli.app import (
     workdir_option,
 )
 
-STEPS_HELP = "Sampling steps (network calls per image); inversion and generation share the time grid."
+STEPS_HELP = "Sampling steps; inversion and generation share the time grid."
 PLAIN_DDIM = " (Interpolation inverts and decodes with plain deterministic DDIM, not a model's sampling defaults.)"
 INVERSION_CLASS_HELP = ("Class-conditional checkpoints: the class to invert with (and to decode with), a name or id "
                         "for every image, or repeated, one per image (default: the null class, no class).")
