@@ -227,3 +227,14 @@ def test_guidance_tip_only_when_a_bundled_model_is_asked_another_scale_than_its_
     assert guidance_tip("unconditional", False, None) is None
 
 
+
+
+def test_distill_method_help_states_one_default():
+    import typer
+
+    from ddim.config.distill import DistillConfig
+
+    command = typer.main.get_command(app).commands["distill"]
+    (method,) = [param for param in command.params if param.name == "method"]
+    assert method.help.lower().count("default") == 1, method.help
+    assert method.help.endswith(f"Default: --config's distill.method, else {DistillConfig().method}.")

@@ -17,6 +17,7 @@ from ddim.cli.app import (
     user_errors,
     with_data,
 )
+from ddim.config.distill import DistillConfig
 
 
 @app.command()
@@ -33,8 +34,9 @@ def distill(
     config: Optional[str] = typer.Option(None, "--config", "-c", help="A packaged config's name (`ddim configs`) or "
                                          "a TOML file with a \\[distill] section (default: the documented defaults)."),
     method: Optional[str] = typer.Option(None, "--method", "-m", help="progressive: halving rounds, one student per "
-                                         "step count (the default); consistency: one student that samples in 1, 2 "
-                                         "or 4 steps (distill.method; default: the config's)."),
+                                         "step count; consistency: one student that samples in 1, 2 or 4 steps. "
+                                         "Default: --config's distill.method, else "
+                                         f"{DistillConfig.method}."),
     data: Optional[Path] = typer.Option(None, "--data", "-d", help=DATA_HELP + " Default: the teacher's data."),
     overrides: List[str] = typer.Option([], "--set", "-s", help="Override a value: distill.key=value, or any "
                                         "section of the teacher's config (repeatable)."),
