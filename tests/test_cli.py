@@ -238,3 +238,16 @@ def test_distill_method_help_states_one_default():
     (method,) = [param for param in command.params if param.name == "method"]
     assert method.help.lower().count("default") == 1, method.help
     assert method.help.endswith(f"Default: --config's distill.method, else {DistillConfig().method}.")
+
+
+def test_list_classes_names_its_columns():
+    from types import SimpleNamespace
+
+    from ddim.cli.app import describe_classes
+
+    pipe = SimpleNamespace(classes=["daisy", "pink primrose"], class_space=SimpleNamespace(counts=[40, 7]))
+    assert describe_classes(pipe).splitlines() == ["  id  training images  name",
+                                                   "   0               40  daisy",
+                                                   "   1                7  pink primrose"]
+    pipe.class_space.counts = None  # a checkpoint without the counts: no empty column
+    assert describe_classes(pipe).splitlines() == ["  id  name", "   0  daisy", "   1  pink primrose"]

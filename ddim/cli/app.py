@@ -272,11 +272,16 @@ def guidance_option(default: str = MODEL_DEFAULT.format("1")):
 
 
 def describe_classes(pipe) -> str:
-    """``ddim sample --list-classes``: one line per class (id, training images, name), or why there are none."""
+    """``ddim sample --list-classes``: a header line naming the columns, then one line per class (id, training
+    images where the checkpoint has the counts, name); or why there are none."""
     if not pipe.classes:
         return "this checkpoint is not class-conditional (trained without model.class_conditional)"
-    counts = pipe.class_space.counts or ("",) * len(pipe.classes)
-    return "\n".join(f"{i:4d}  {count:>6}  {name}" for i, (name, count) in enumerate(zip(pipe.classes, counts)))
+    counts = pipe.class_space.counts
+    if not counts:
+        return "\n".join([f"{'id':>4}  name", *(f"{i:4d}  {name}" for i, name in enumerate(pipe.classes))])
+    header = "training images"
+    return "\n".join([f"{'id':>4}  {header}  name", *(f"{i:4d}  {count:>{len(header)}}  {name}"
+                                                        for i, (name, count) in enumerate(zip(pipe.classes, counts)))])
 
 
 def batch_size_option(help: str = "Images at once (bounds memory)."):
