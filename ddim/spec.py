@@ -63,6 +63,9 @@ DEFAULT_STEPS = 20
 FID_BEST_SPACING = "uniform"
 FEW_STEPS = 10  # at most this many steps, FEW_STEPS_BEST scored best (measured at 5 and 10)
 FEW_STEPS_BEST = ("dpmpp-2m", "logsnr")
+FEW_STEPS_MEASURED_ON = ("flowers32-noise",)
+"""The bundled models whose records hold that few-step comparison (their ``advice``); `ddim sample`'s tip is for
+models of their image size only (32x32: at 64x64 fewer steps were never compared)."""
 
 
 class SpecError(InputError):

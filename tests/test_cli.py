@@ -45,9 +45,8 @@ def test_train_then_sample_end_to_end(tmp_path):
     result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--batch-size", 2, "--out", out)
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["0000.png", "0001.png", "0002.png", "grid.png"]
-    # With this few steps dpmpp-2m on the log-SNR grid scored the best FID; the command says so in one line.
-    assert [line for line in result.output.splitlines() if line.startswith("tip:")] == [
-        "tip: at 10 steps or fewer, --sampler dpmpp-2m --spacing logsnr gives better images (docs/sampling.md)"]
+    # Samplers at few steps were compared at 32x32 only: a 16x16 model gets no tip.
+    assert not [line for line in result.output.splitlines() if line.startswith("tip:")], result.output
     # Running again into the same directory must not overwrite without --overwrite ...
     before = (out / "0000.png").read_bytes()
     result = invoke("sample", "--workdir", workdir, "--steps", 2, "--num", 3, "--out", out)
@@ -203,13 +202,37 @@ def test_corrupt_checkpoint_via_cli(trained_workdir, tmp_path):
 def test_sample_tip_names_the_few_step_sampler_that_scored_best():
     from ddim.cli.app import sampler_tip
 
-    assert sampler_tip(20, "ddim", "uniform") is None  # from 20 steps on the choice is within 1 FID
-    assert sampler_tip(20, "dpmpp-2m", "logsnr") is None and sampler_tip(12, "ddim", "karras") is None
-    assert sampler_tip(10, "dpmpp-2m", "logsnr") is None and sampler_tip(5, "dpmpp-2m", "logsnr") is None
+    assert sampler_tip(20, "ddim", "uniform", 32) is None  # from 20 steps on the choice is within 1 FID
+    assert sampler_tip(20, "dpmpp-2m", "logsnr", 32) is None and sampler_tip(12, "ddim", "karras", 32) is None
+    assert sampler_tip(10, "dpmpp-2m", "logsnr", 32) is None and sampler_tip(5, "dpmpp-2m", "logsnr", 32) is None
     for sampler, spacing in (("ddim", "uniform"), ("dpmpp-2m", "uniform"), ("ddim", "logsnr"), ("dpmpp-3m", "karras")):
-        tip = sampler_tip(5, sampler, spacing)
+        tip = sampler_tip(5, sampler, spacing, 32)
         assert tip.startswith("tip: at 10 steps or fewer, --sampler dpmpp-2m --spacing logsnr gives better images")
         assert len(tip) < 120, "one short sentence"
+        # Measured at 32x32 only: no tip at another size.
+        assert sampler_tip(5, sampler, spacing, 64) is None and sampler_tip(5, sampler, spacing, 16) is None
+
+
+def test_the_few_step_tip_is_measured_where_a_record_says_so():
+    from ddim.pretrained.registry import find
+    from ddim.spec import FEW_STEPS_BEST, FEW_STEPS_MEASURED_ON
+
+    for name in FEW_STEPS_MEASURED_ON:
+        manifest = find(name)
+        assert manifest.config.model.image_size == 32
+        assert f"{FEW_STEPS_BEST[0]} on the {FEW_STEPS_BEST[1]} grid" in manifest.record["advice"]
+    assert "fewer steps are not measured at 64x64" in find("flowers64").record["advice"]
+
+
+@pytest.mark.parametrize("name, tip", [("flowers64", False), ("flowers32", True)])
+def test_sample_tips_a_bundled_model_only_at_the_size_samplers_were_compared(name, tip, tmp_path, monkeypatch):
+    from ddim.sampling import outputs
+
+    monkeypatch.setattr(outputs, "sample_to_folder", lambda *args, **kwargs: [])  # the tip, not the images
+    result = invoke("sample", "--pretrained", name, "--steps", 8, "--sampler", "ddim", "--spacing", "uniform",
+                    "--num", 1, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert any(line.startswith("tip: at 10 steps or fewer") for line in result.output.splitlines()) == tip
 
 
 def test_guidance_tip_only_when_a_bundled_model_is_asked_another_scale_than_its_best():

@@ -130,11 +130,14 @@ TIP_BELOW_STEPS = 50  # where the grids were compared; with many steps every gri
 SPACING_HELP = f"Time grid: {', '.join(SPACING_NAMES[:-1])} or {SPACING_NAMES[-1]}."
 
 
-def sampler_tip(steps: int, sampler: str, spacing: str) -> str | None:
+def sampler_tip(steps: int, sampler: str, spacing: str, image_size: int) -> str | None:
     """One sentence when few steps are asked of a sampler and grid that did worse there than dpmpp-2m on the
-    log-SNR grid (the best FID at 5 and 10 steps on flowers32-noise; docs/sampling.md), else None. From 20 steps
-    on the choice is within 1 FID on the bundled models, so it gets no tip."""
-    if steps > FEW_STEPS or (sampler, spacing) == FEW_STEPS_BEST:
+    log-SNR grid (the best FID at 5 and 10 steps on flowers32-noise; docs/sampling.md), else None. Only for a model
+    of the image size it was measured at (:func:`ddim.pretrained.registry.few_steps_measured`): at another size the
+    comparison was never made. From 20 steps on the choice is within 1 FID on the bundled models: no tip."""
+    from ddim.pretrained.registry import few_steps_measured
+
+    if steps > FEW_STEPS or (sampler, spacing) == FEW_STEPS_BEST or not few_steps_measured(image_size):
         return None
     return (f"tip: at {FEW_STEPS} steps or fewer, --sampler {FEW_STEPS_BEST[0]} --spacing {FEW_STEPS_BEST[1]} "
             "gives better images (docs/sampling.md)")

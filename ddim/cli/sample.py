@@ -92,7 +92,8 @@ def sample(
             return
         spec = model_spec(pipe, changes)
         ids = pipe.class_ids(classes or None, num, seed) if pipe.classes or classes else None
-        tips = [] if pipe.rules.distilled else [sampler_tip(spec.steps, spec.sampler, spec.spacing)]
+        tips = [] if pipe.rules.distilled else [sampler_tip(spec.steps, spec.sampler, spec.spacing,
+                                                            pipe.config.model.image_size)]
         for tip in tips + [guidance_tip(pipe.pretrained, bool(pipe.classes), guidance)]:
             if tip:
                 typer.echo(tip, err=True)

@@ -81,6 +81,16 @@ def best_guidance(name: str | None) -> float | None:
     return recorded_best(manifest.record, manifest.config.model.class_conditional)
 
 
+def few_steps_measured(image_size: int) -> bool:
+    """Whether the few-step comparison of samplers behind ``ddim sample``'s tip (:data:`ddim.spec.FEW_STEPS_BEST`)
+    was measured at ``image_size``: on a record of the package's own models (:data:`ddim.spec.FEW_STEPS_MEASURED_ON`)
+    of that size, so the tip reaches the model measured, and models of its size, and no other."""
+    from ddim.spec import FEW_STEPS_MEASURED_ON
+
+    return any(find(name, PACKAGE_ROOT).config.model.image_size == image_size for name in FEW_STEPS_MEASURED_ON
+               if (PACKAGE_ROOT / name / MANIFEST).is_file())
+
+
 def __getattr__(attribute: str):
     """``BEST_GUIDANCE``: the bundled models' best measured guidance scales by name, read from their records (the
     one place they are kept)."""
