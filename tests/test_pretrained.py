@@ -302,8 +302,8 @@ def test_pretrained_lists_the_bundled_models_with_their_records(use_bundles, tmp
     assert header.startswith("| model ") and set(rule) <= set("|- ")
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     # 16x16, unconditional, the plain setting: 20 ddim steps of one pass each; nothing measured yet.
-    assert cells[:7] == [f"{NAME} (default)", "16x16", "none", "20 ddim steps (uniform), guidance 1", "20",
-                         "not measured", "not measured"] and cells[8] == "not measured", cells
+    assert cells[:9] == [f"{NAME} (default)", "16x16", "none", "20 ddim steps (uniform), guidance 1", "20",
+                         "-", "-", "", ""] and cells[9] == "-", cells
     result = invoke("pretrained", "--details")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[0] == f"{NAME}: 16x16 images, unconditional (default)"
@@ -485,3 +485,30 @@ def test_every_bundled_fine_tune_names_a_bundled_source_by_its_weights():
     flowers32 = models["flowers32"].config
     assert flowers32.model.prediction == "velocity" and flowers32.init.targets == "source"
     assert models["flowers32-4step"].config.model.distilled_from == "pretrained:flowers32-noise"
+
+
+def test_the_table_gives_each_figure_column_one_sample_count_and_names_the_timing_cpus():
+    """A column of figures is of one sample count in every row ('-' where a record lacks it), and the seconds say
+    which CPU measured them, row by row when the CPUs differ."""
+    from ddim.pretrained.record import models_table
+    from ddim.pretrained.registry import available
+
+    models = available(PACKAGE_ROOT)
+    table = models_table(models)
+    lines = table.splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header[5:9] == ["FID (1,000)", "FID (5,000)", "class accuracy (1,000)", "class accuracy (5,000)"]
+    for line in lines[2:2 + len(models)]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        assert not any(" of " in cell for cell in cells[7:9]), line  # no count of its own in a cell
+    cpus = {m.record["sample_time"]["cpu"]: [] for m in models if m.record.get("sample_time")}
+    for m in models:
+        if m.record.get("sample_time"):
+            cpus[m.record["sample_time"]["cpu"]].append(m.name)
+    notes = table.split("\n\n", 1)[1]
+    if len(cpus) == 1:
+        assert f"once compiled, on a {next(iter(cpus))}." in notes
+    else:
+        for cpu, names in cpus.items():
+            assert f"a {cpu} ({', '.join(names)})" in notes, notes
+        assert "the CPU each names" not in notes

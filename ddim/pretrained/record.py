@@ -422,42 +422,43 @@ def details_markdown(manifests) -> str:
     return "\n".join(sections)
 
 
-TABLE_COLUMNS = ("model", "size", "classes", "default setting", "passes", "FID (1,000)", "FID (5,000)",
-                 "class accuracy", "s / {num} images", "MB")
+TABLE_COLUMNS = ("model", "size", "classes", "default setting", "passes", "FID ({quick})", "FID ({full})",
+                 "class accuracy ({quick})", "class accuracy ({full})", "s / {num} images", "MB")
+NOT_MEASURED = "-"
+"""A figure column's cell where the model's record has no figure of that column's sample count."""
 
 
 def models_table(manifests) -> str:
     """The bundled models as one short table, a row per model (the first is the default), at each one's default
-    setting, and what its figures are: what ``ddim pretrained`` prints and docs/models.md opens with. The
-    columns are padded, so it reads as plain text too."""
+    setting, and what its figures are: what ``ddim pretrained`` prints and docs/models.md opens with. Every
+    figure column is of one sample count, the same in every row (``-`` where a record lacks it); the notes name
+    the CPU each row's seconds were measured on. The columns are padded, so it reads as plain text too."""
     manifests = list(manifests)
     if not manifests:
         return "No model is bundled with this installation.\n"
     timings = [m.record.get("sample_time") for m in manifests]
     nums = {_timed_images(timing) for timing in timings if timing}
     num = nums.pop() if len(nums) == 1 else "N"
-    rows = [[column.format(num=num) for column in TABLE_COLUMNS]]
+    header = [column.format(num=num, quick=f"{QUICK_NUM:,}", full=f"{FULL_NUM:,}") for column in TABLE_COLUMNS]
+    rows = [header]
     for number, manifest in enumerate(manifests):
         model, record = manifest.config.model, manifest.record
         defaults = default_setting(record)
-        fids = []
-        for count in (QUICK_NUM, FULL_NUM):
-            score = find_score(record, count, defaults)
-            measured = score is not None and score.get("fid") is not None
-            fids.append(f"{score['fid']:.1f}" if measured else
-                        "see --details" if not record.get("scores") and record.get("fid") else "not measured")
-        accuracy = ""
+        scores = [find_score(record, count, defaults) for count in (QUICK_NUM, FULL_NUM)]
+        fids = [f"{score['fid']:.1f}" if score is not None and score.get("fid") is not None else
+                "see --details" if not record.get("scores") and record.get("fid") else NOT_MEASURED
+                for score in scores]
+        accuracies = ["", ""]
         if model.class_conditional:
-            accuracy = (_class_accuracy(find_score(record, FULL_NUM, defaults))
-                        or _class_accuracy(find_score(record, QUICK_NUM, defaults)) or "not measured")
+            accuracies = [_class_accuracy(score, samples=False) or NOT_MEASURED for score in scores]
         timing = record.get("sample_time")
-        seconds = "not measured"
+        seconds = NOT_MEASURED
         if timing:
             seconds = f"{warm_seconds(timing):.1f}" + ("" if num != "N" else f" ({_timed_images(timing)} images)")
         rows.append([manifest.name + (" (default)" if number == 0 else ""),
                      f"{model.image_size}x{model.image_size}",
                      f"{len(model.class_names)}" if model.class_conditional else "none",
-                     _short_setting(defaults), f"{network_passes(model, defaults)}", *fids, accuracy, seconds,
+                     _short_setting(defaults), f"{network_passes(model, defaults)}", *fids, *accuracies, seconds,
                      f"{manifest.bytes / 1e6:.1f}"])
     widths = [max(len(_escape(row[column])) for row in rows) for column in range(len(TABLE_COLUMNS))]
     lines = ["| " + " | ".join(_escape(cell).ljust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
@@ -465,20 +466,33 @@ def models_table(manifests) -> str:
     return "\n".join(lines + ["", *_table_notes(manifests, num)]) + "\n"
 
 
+def _timing_cpus(manifests) -> str:
+    """Where the table's seconds were measured: ``a 2-core AMD EPYC``, or with rows on several CPUs each CPU and
+    its rows (``a 2-core AMD EPYC (flowers64, flowers32-4step) and ...``)."""
+    rows: dict[str, list[str]] = {}
+    for manifest in manifests:
+        timing = manifest.record.get("sample_time")
+        if timing:
+            rows.setdefault(timing.get("cpu") or "CPU not recorded", []).append(manifest.name)
+    if len(rows) <= 1:
+        return f"a {next(iter(rows))}" if rows else "a CPU"
+    named = [f"a {cpu} ({', '.join(names)})" for cpu, names in rows.items()]
+    return ", ".join(named[:-1]) + f" and {named[-1]}: compare seconds on one CPU only"
+
+
 def _table_notes(manifests, num) -> list[str]:
     """What the table's figures are, in words, from the records (a paragraph of one line per sentence)."""
     scores = [score for manifest in manifests for score in manifest.record.get("scores") or ()]
     real = {score.get("real_num") for score in scores}
     against = f"all {real.pop():,} real images" if len(real) == 1 and None not in real else "all the real images"
-    cpus = {timing.get("cpu") for m in manifests if (timing := m.record.get("sample_time"))}
-    cpu = f"a {cpus.pop()}" if len(cpus) == 1 else "the CPU each names"
-    return [f"Each model at its default setting, seed 0; passes: network passes per image. FID of 1,000 and 5,000 "
-            f"samples: `ddim eval --split all`, the standard FID Inception against {against} at the model's size. "
+    return [f"Each model at its default setting, seed 0; passes: network passes per image. FID and class accuracy "
+            f"of {QUICK_NUM:,} and of {FULL_NUM:,} samples, as each column's heading says ({NOT_MEASURED}: not "
+            f"measured): `ddim eval --split all`, the standard FID Inception against {against} at the model's size. "
             "Class accuracy: how often a classifier on the FID features "
-            "finds the asked class in that many samples, with its accuracy on real validation images in brackets. "
+            "finds the asked class in the samples, with its accuracy on real validation images in brackets. "
             "Seconds: the whole command `ddim sample --pretrained NAME "
-            f"--num {num} --out DIR` once compiled, on {cpu}. How each was trained, every figure measured of it and "
-            "the command behind each: `ddim pretrained --details`."]
+            f"--num {num} --out DIR` once compiled, on {_timing_cpus(manifests)}. How each was trained, every "
+            "figure measured of it and the command behind each: `ddim pretrained --details`."]
 
 
 def _escape(text: str) -> str:
