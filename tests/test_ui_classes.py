@@ -185,6 +185,23 @@ def test_the_guidance_slider_names_the_measured_best_scale_of_a_bundled_model_on
     assert slider.info.endswith(f"; on flowers64, {BEST_GUIDANCE['flowers64']:g} scored the best FID")
 
 
+def test_the_steps_slider_counts_a_guided_step_as_two_network_passes():
+    from tests.ui_harness import require_ui
+
+    require_ui()
+    import gradio as gr
+
+    from ddim.ui.page import build_page
+
+    sliders = components(build_page(stub_bench()[1]), gr.Slider)
+    for tab in ("sample", "interpolate", "edit", "inpaint", "trajectory"):  # the tabs with a guidance slider
+        assert sliders[f"{tab}-steps"].label == "steps (network passes: steps, x2 with guidance other than 1)"
+    assert sliders["reconstruct-steps"].label == "steps (one network pass each)"  # no guidance there
+    unconditional = components(build_page(stub_bench(classes=())[1]), gr.Slider)
+    assert unconditional["sample-steps"].label == "steps (one network pass each)"
+    assert not any("per image" in slider.label for slider in sliders.values() if slider.label)
+
+
 def test_an_unconditional_page_has_no_picker_and_an_unchanged_api():
     from tests.ui_harness import require_ui
 

@@ -25,27 +25,37 @@ GUIDANCE_INFO = "classifier-free guidance: 1 is plain conditional sampling, 0 ig
 ANY_CLASS_LABEL = "any: drawn from the seed, as often as in the training data"
 
 
-def steps_slider(tab: str, limit: int, value: int = DEFAULTS.steps, fixed: bool = False):
-    label = "steps (the distilled model's own count, its only one)" if fixed else "steps (network calls per image)"
+STEPS_LABEL = "steps (one network pass each)"
+GUIDED_STEPS_LABEL = "steps (network passes: steps, x2 with guidance other than 1)"
+FIXED_STEPS_LABEL = "steps (the distilled model's own count, its only one)"
+
+
+def steps_slider(tab: str, limit: int, value: int = DEFAULTS.steps, fixed: bool = False, guided: bool = False):
+    """The steps slider; ``guided``: the tab has a guidance control, and a scale other than 1 costs each step a
+    second network pass (the unconditional prediction; a distilled student is ``fixed``, one pass a step)."""
+    label = FIXED_STEPS_LABEL if fixed else GUIDED_STEPS_LABEL if guided else STEPS_LABEL
     return gr.Slider(1, max(limit, value) if fixed else limit, value=value if fixed else min(value, limit), step=1,
                      label=label, interactive=not fixed, elem_id=f"{tab}-steps")
 
 
-def sampler_controls(tab: str, limit: int, stochastic: bool = True, workbench: Workbench | None = None):
+def sampler_controls(tab: str, limit: int, stochastic: bool = True, workbench: Workbench | None = None,
+                     guidance: bool = True):
     """Steps, sampler, spacing and (for the verbs that take it) eta; returns them in the verbs' order.
+    ``guidance``: the tab has a guidance control (for a class-conditional model), which the steps label counts.
 
     They start at the model's defaults (``workbench.pipeline.defaults``: a bundled model's best setting; for the
     deterministic verbs, DDIM's uniform grid), as the command line without options; a distilled student's are
     fixed at its own step count and sampler.
     """
-    defaults, fixed = DEFAULTS, False
+    defaults, fixed, guided = DEFAULTS, False, False
     if workbench is not None:
         from ddim.sampling.pipeline import inversion_spec
 
         rules = workbench.pipeline.rules
         defaults = rules.defaults if stochastic else inversion_spec(None, rules=rules)
         fixed = rules.distilled
-    steps = steps_slider(tab, limit, defaults.steps, fixed)
+        guided = guidance and bool(workbench.pipeline.classes)
+    steps = steps_slider(tab, limit, defaults.steps, fixed, guided)
     with gr.Row():
         # The consistency sampler is a consistency student's only one, and no diffusion model's.
         choices = [name for name, kind in SAMPLERS.items() if kind.consistency == SAMPLERS[defaults.sampler].consistency]

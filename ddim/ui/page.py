@@ -144,7 +144,7 @@ def _reconstruct_tab(workbench: Workbench, downloads: Downloads) -> None:
         with gr.Column(scale=1, min_width=300):
             image = controls.upload_field("reconstruct")
             steps, _, spacing, _ = controls.sampler_controls("reconstruct", limits.max_steps, stochastic=False,
-                                                             workbench=workbench)
+                                                             workbench=workbench, guidance=False)
             run = gr.Button("Reconstruct", variant="primary", elem_id="reconstruct-run")
         with gr.Column(scale=2):
             with gr.Row():
