@@ -179,3 +179,50 @@ def test_an_example_runs_as_written(case, tmp_path, monkeypatch):
         run_command(text)
     else:
         exec(compile(text, f"{page.relative_to(REPO)} (python block)", "exec"), {"__name__": "__doc_example__"})
+
+
+SETUP_VERBS = ("train", "data", "distill")
+
+
+def sets_up(text: str) -> bool:
+    """A ``ddim train``, ``data`` or ``distill`` command whose setup needs nothing of the reader's: no value to
+    fill in, no run of theirs to start from (a folder of images to read is fine: setup does not read it)."""
+    words = shlex.split(text, comments=True)
+    starts = [after for before, after in zip(words, words[1:]) if before in ("--init", "--workdir", "-w",
+                                                                             "--checkpoint")]
+    return (words[1:2] != [] and words[1] in SETUP_VERBS and not any(PLACEHOLDER.fullmatch(w) for w in words)
+            and not any(start.startswith("runs/") for start in starts))
+
+
+SETUP_CASES = [(page, text) for page in GUIDES for kind, text in examples(page) if kind == "command" and sets_up(text)]
+
+
+def setup_config(words: list[str]):
+    """The config a ``ddim train``, ``data`` or ``distill`` command would run with, built as the command builds
+    it before it reads any image or trains: :class:`ddim.config.ConfigError` where it would refuse."""
+    from ddim.cli.app import with_data
+    from ddim.distill.loop import check_settings
+    from ddim.train import load_run_config
+    from tests.test_docs import parse_command
+
+    command, params = parse_command(words)
+    overrides = with_data(list(params.get("overrides") or []), params.get("data") or params.get("path"))
+    if command.name == "distill":
+        return check_settings(params.get("config"), overrides)
+    return load_run_config(params.get("config"), overrides, params.get("init"))
+
+
+def test_the_guides_show_training_commands_to_check():
+    verbs = {shlex.split(text)[1] for _, text in SETUP_CASES}
+    assert verbs == set(SETUP_VERBS), verbs
+    assert any("--init" in text for _, text in SETUP_CASES)
+
+
+@pytest.mark.parametrize("case", SETUP_CASES, ids=lambda case: f"{case[0].relative_to(REPO).as_posix()}: "
+                         f"{case[1].split('#')[0].strip()[:70]}")
+def test_a_training_command_of_the_guides_sets_up_outside_the_checkout(case, tmp_path, monkeypatch):
+    """Its config (a packaged name or the defaults) and its source model resolve from a directory that holds no
+    clone, the way a user who installed the package runs it."""
+    page, text = case
+    monkeypatch.chdir(tmp_path)
+    setup_config(shlex.split(text, comments=True)[1:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddim.config.model import ModelConfig
 from ddim.config.parsing import ConfigError, read_toml
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -58,13 +59,12 @@ class PackagedConfig:
 
 def describe(name: str) -> PackagedConfig:
     """What the packaged config ``name`` is for, read from the file itself (its values and first comment)."""
-    from ddim.config.run import from_dict
-
     values, path = read(name)
-    config = from_dict({"name": path.stem, **values})
-    size = None if "distill" in values or config.init.source else config.model.image_size
-    kind = "distillation" if "distill" in values else "fine-tune" if config.init.source else "from scratch"
-    return PackagedConfig(path.stem, size, kind, config.init.source, summary_line(path.read_text()))
+    source = str((values.get("init") or {}).get("source", ""))
+    size = int((values.get("model") or {}).get("image_size", ModelConfig.image_size))
+    kind = "distillation" if "distill" in values else "fine-tune" if source else "from scratch"
+    return PackagedConfig(path.stem, None if kind != "from scratch" else size, kind, source,
+                          summary_line(path.read_text()))
 
 
 def read(config: str | Path) -> tuple[dict, Path]:
