@@ -87,9 +87,9 @@ class SamplingSpec:
     Checked when made: a bad value raises :class:`SpecError` (an
     :class:`ddim.errors.InputError`) whose one sentence says which and why
     (unknown names list the valid ones).
-    ``steps``, ``sampler`` and ``spacing`` shape the compiled program (one
-    compile per combination, :attr:`static`); ``eta`` and ``guidance`` are
-    traced, so changing them does not recompile.
+    ``eta`` and ``guidance`` are traced, so changing them does not recompile;
+    every other field (``steps``, ``sampler``, ``spacing``, ``clip``) shapes the
+    compiled program (one compile per combination, :attr:`static`).
     """
 
     steps: int = DEFAULT_STEPS
@@ -137,9 +137,10 @@ class SamplingSpec:
                             f"--clip takes no value (got {self.clip!r})")
 
     @property
-    def static(self) -> tuple[int, str, str]:
-        """``(steps, sampler, spacing)``: what a compiled program is specialised on."""
-        return (self.steps, self.sampler, self.spacing)
+    def static(self) -> "SamplingSpec":
+        """What a compiled program is specialised on: this spec with its traced fields (``eta``, ``guidance``) at
+        their defaults. Every other field, a new one too, tells programs apart; the key of a compiled program."""
+        return self.replace(eta=0.0, guidance=None)
 
     @property
     def stochastic(self) -> bool:

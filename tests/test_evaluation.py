@@ -325,7 +325,7 @@ def test_an_eval_request_is_checked_when_made():
     from ddim.spec import SamplingSpec
 
     request = evaluation.EvalRequest("run", num=8, spec=SamplingSpec(steps=2, sampler="dpmpp-2m"))
-    assert request.spec.static == (2, "dpmpp-2m", "uniform") and request.networks == ("standard",)
+    assert request.spec == SamplingSpec(steps=2, sampler="dpmpp-2m") and request.networks == ("standard",)
     assert evaluation.EvalRequest("run", fid_net="keras").networks == ("keras", "standard")
     for fields, message in [
         ({"num": 1}, "number of generated images must be >= 2"),

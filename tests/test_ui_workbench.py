@@ -291,6 +291,21 @@ def test_a_new_spec_field_passes_through_the_verbs_unchanged():
     assert bench.card.workdir is None and bench.card.parameters == 0
 
 
+def test_a_request_that_compiles_another_program_is_announced_as_compiling():
+    """Every spec field that the compiled program is specialised on (clip among them) makes a new shape; the traced
+    ones (eta, guidance's scale) do not."""
+    from ddim.sampling.programs import program_spec
+
+    bench = Workbench(RecordingPipeline(), Limits(max_images=4, max_steps=8))
+    assert bench.sample(2, 3, 5).compiled
+    assert not bench.sample(2, 3, 6, 0.5).compiled  # eta is traced
+    assert bench.sample(2, 3, 5, clip=True).compiled  # clipping is another program
+    assert not bench.sample(2, 3, 7, clip=True).compiled
+    clipped = SamplingSpec(steps=3, eta=0.5, guidance=2.0, clip=True)
+    assert clipped.static != clipped.replace(clip=False).static
+    assert program_spec(clipped) == clipped.static == SamplingSpec(steps=3, clip=True).static
+
+
 def test_the_header_names_the_work_directory_of_a_checkpoint(tmp_path):
     from ddim.ui.card import workdir_of
     from ddim.workdir.layout import Workdir

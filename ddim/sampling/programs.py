@@ -26,8 +26,8 @@ from ddim.spec import SamplingSpec
 
 
 def program_spec(spec: SamplingSpec) -> SamplingSpec:
-    """``spec`` with its traced fields (eta, guidance) set aside: what a compiled program is specialised on."""
-    return spec.replace(eta=0.0, guidance=None)
+    """What a compiled program is specialised on: :attr:`SamplingSpec.static`."""
+    return spec.static
 
 
 @functools.cache
