@@ -187,7 +187,7 @@ def kill_campaign(ctx, reference: Path, timing: dict) -> Row:
     attempt = 0
 
     def resolve(run: Run) -> None:
-        if "steps/epoch" not in run.text():  # killed before it restored anything
+        if not re.search(r"\d+ steps?/epoch", run.text()):  # killed before it restored anything
             return
         step = resumed_from(run.text())
         row.resumed += step > 0
