@@ -65,19 +65,20 @@ def earlier_record(source, spec, num: int, eval_root: Path, *, seed: int = 0, ba
     Records written before the batch size was recorded never match. So benchmarks that share an eval root
     (curve.py's checkpoint at step N and guidance.py's guidance 1 of it) pay for a measurement once.
     """
+    from ddim.spec import guidance_scale
     from ddim.workdir import Workdir
     from ddim.workdir.records import read_records
 
     request = fid_request(source, spec, num, eval_root, seed=seed, batch_size=batch_size)
-    wanted = {**request.spec.to_dict(), "guidance": 1.0 if spec.guidance is None else float(spec.guidance),
+    wanted = {**request.spec.to_dict(), "guidance": guidance_scale(spec.guidance),
               "checkpoint": str(request.source), "seed": request.seed, "num": request.num,
               "batch_size": request.batch_size, "split": request.split, "fid_net": request.fid_net,
               "kid_net": request.kid_net, "kid_subset_size": request.kid_subset_size}
     found = None
     for record in read_records(Workdir(eval_root).eval_file):
-        record_guidance = 1.0 if record.get("guidance") is None else record["guidance"]
         if (all(record.get(key) == value for key, value in wanted.items() if key != "guidance")
-                and record_guidance == wanted["guidance"] and record.get("clip", False) == request.spec.clip
+                and guidance_scale(record.get("guidance")) == wanted["guidance"]
+                and record.get("clip", False) == request.spec.clip
                 and record.get("class_mode") in (None, "data-frequency", "unconditional")):
             found = record  # the newest wins
     return found

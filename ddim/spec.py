@@ -184,6 +184,16 @@ class SamplingSpec:
         return options
 
 
+def guidance_scale(guidance: float | None) -> float:
+    """The scale a guidance setting amounts to: None (no guidance) is 1, the conditional prediction alone.
+
+    How records compare and write a setting (a bundle's ``defaults`` and ``scores``, ``eval.jsonl`` lines), whatever
+    a line of an unconditional model or an older ``ddim eval`` has for it. Sampling itself keeps None apart: a model
+    without classes takes no scale at all.
+    """
+    return 1.0 if guidance is None else float(guidance)
+
+
 def _is_numpy_integer(value) -> bool:
     return type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iu"
 
