@@ -42,6 +42,9 @@ sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
+from ddim.pretrained.bundle_record import BundleRecord, setting_of, setting_values  # noqa: E402
+from ddim.pretrained.render import describe_setting  # noqa: E402
+from ddim.spec import SamplingSpec  # noqa: E402
 
 if __name__ == "__main__":
     runtime.restart_with_fast_allocator()  # the allocator the `ddim` command runs with
@@ -512,56 +515,62 @@ class Rebuild:
                                + " to choose its defaults from")
         best = min(lines, key=lambda line: line["fid"])
         defaults = setting_of(best)
-        self.say(f"  defaults of {name}: {describe(defaults)}, FID {best['fid']:.2f}, the lowest of {len(lines)} "
-                 f"settings at {num:,} samples")
-        return defaults
+        self.say(f"  defaults of {name}: {describe_setting(defaults)}, FID {best['fid']:.2f}, the lowest of "
+                 f"{len(lines)} settings at {num:,} samples")
+        return setting_values(defaults)
 
     def write_record(self, options: dict[str, Any]) -> dict[str, Any]:
         """The bundle's record: its scores, defaults, the sweep in words, its training's hardware and wall time."""
         from ddim.pretrained.bundle import write_record
-        from ddim.pretrained.record import score_from_eval, with_score
+        from ddim.pretrained.scores import score_from_eval, with_score
 
         name = options["model"]
         manifest = self.bundle(name)
         lines = self.eval_lines(name)
         source = expand(str(options.get("results", f"docs/results/{name}-eval.jsonl")), self.settings)
-        record = dict(manifest.record)
+        record = BundleRecord.from_dict(manifest.record)
         for line in lines:
             record = with_score(record, score_from_eval(line, source))
         chosen = read_marker(self.out, options["defaults"]) if options.get("defaults") else None
         if chosen is not None:
-            record["defaults"] = chosen["result"]
+            best = setting_of(chosen["result"])
             # The settings the defaults were chosen among (one step count's, for a consistency student), no others.
-            record["guidance"] = sweep_words(chosen["result"],
-                                             self.candidates(self.recipe.stage(options["defaults"]).choose, lines))
+            record = record.with_defaults(best).replace(
+                guidance=sweep_words(best, self.candidates(self.recipe.stage(options["defaults"]).choose, lines)))
+        record = record.replace(**self.trained_words(options))
+        if options.get("sample_time"):
+            record = record.replace(sample_time=self.sample_time(name, options["sample_time"]))
+        record = record.replace(recipe=" ".join([
+            "python benchmarks/rebuild.py", self.recipe.name, *(["--smoke"] if self.smoke else []),
+            *(f"--set {shlex.quote(f'{key}={value}')}" for key, value in self.overrides.items())]))
+        record = record.replace(**{key: expand(str(value), self.settings)
+                                   for key, value in (options.get("words") or {}).items()})
+        results = self.out / "results" / Path(source).name
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+        write_record(manifest, record.to_dict())
+        self.say(f"  record of {name}: {len(lines)} scores, the raw lines in {results} (ship it as {source})")
+        return {"scores": len(lines), "results": str(results)}
+
+    def trained_words(self, options: dict[str, Any]) -> dict[str, str]:
+        """The record's ``hardware`` and ``wall_time``: of the ``trained`` stages' markers (none without them)."""
         trained = [read_marker(self.out, stage) or {} for stage in options.get("trained", ())]
         for stage, marker in zip(options.get("trained", ()), trained):
             records = (options.get("wall_time_from") or {}).get(stage)
             if records:  # the run's own account of its time, across every stop and resume
                 marker["seconds"] = run_seconds(Path(expand(str(records), self.settings)))
-        if trained:
-            record["hardware"] = " and ".join(dict.fromkeys(m.get("hardware", "unrecorded") for m in trained))
-            total = sum(float(m.get("seconds", 0.0)) for m in trained)
-            parts = ", ".join(f"{stage} {duration(float(m.get('seconds', 0.0)))}"
-                              for stage, m in zip(options["trained"], trained))
-            record["wall_time"] = f"{duration(total)} ({parts}; compilation, data cache and evaluations included)"
-        if options.get("sample_time"):
-            record["sample_time"] = self.sample_time(name, options["sample_time"])
-        record["recipe"] = " ".join(["python benchmarks/rebuild.py", self.recipe.name, *(["--smoke"] if self.smoke else []),
-                                     *(f"--set {shlex.quote(f'{key}={value}')}" for key, value in self.overrides.items())])
-        for key, value in (options.get("words") or {}).items():
-            record[key] = expand(str(value), self.settings)
-        results = self.out / "results" / Path(source).name
-        results.parent.mkdir(parents=True, exist_ok=True)
-        results.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
-        write_record(manifest, record)
-        self.say(f"  record of {name}: {len(lines)} scores, the raw lines in {results} (ship it as {source})")
-        return {"scores": len(lines), "results": str(results)}
+        if not trained:
+            return {}
+        total = sum(float(m.get("seconds", 0.0)) for m in trained)
+        parts = ", ".join(f"{stage} {duration(float(m.get('seconds', 0.0)))}"
+                          for stage, m in zip(options["trained"], trained))
+        return {"hardware": " and ".join(dict.fromkeys(m.get("hardware", "unrecorded") for m in trained)),
+                "wall_time": f"{duration(total)} ({parts}; compilation, data cache and evaluations included)"}
 
     def sample_time(self, name: str, options: dict[str, Any]) -> dict[str, Any]:
         """The record's ``sample_time``: the newest ``benchmarks/cli_timing.py`` line of the bundle in ``lines``
         (this rebuild's timing file), noted as kept in ``results`` (where the project ships the line)."""
-        from ddim.pretrained.record import sample_time_from_line
+        from ddim.pretrained.scores import sample_time_from_line
         from ddim.workdir.records import read_records
 
         path = Path(expand(str(options["lines"]), self.settings))
@@ -588,38 +597,20 @@ class StageFailed(RebuildError):
         self.code, self.printed_error = code, printed_error
 
 
-SETTING = ("steps", "sampler", "spacing", "eta", "guidance")
-
-
-def setting_of(line: dict[str, Any]) -> dict[str, Any]:
-    """The sampling setting of an ``eval.jsonl`` line, as a record's ``defaults``."""
-    guidance = line.get("guidance")
-    return {"steps": line["steps"], "sampler": line.get("sampler", "ddim"), "spacing": line.get("spacing", "uniform"),
-            "eta": float(line.get("eta") or 0.0), "guidance": float(guidance) if guidance is not None else 1.0}
-
-
 def defaults_options(defaults: dict[str, Any]) -> list[str]:
-    """``ddim eval`` options that sample with ``defaults`` whatever the model's own defaults are."""
-    from ddim.spec import SamplingSpec
-
-    return SamplingSpec(**defaults).cli_options(skip_defaults=False)
-
-
-def describe(setting: dict[str, Any]) -> str:
-    from ddim.pretrained.record import describe_setting
-
-    return describe_setting(setting)
+    """``ddim eval`` options that sample with ``defaults`` (a ``choose`` stage's result, as a record writes a
+    setting) whatever the model's own defaults are."""
+    return setting_of(defaults).cli_options(skip_defaults=False)
 
 
-def sweep_words(best: dict[str, Any], lines: list[dict[str, Any]]) -> str:
+def sweep_words(best: SamplingSpec, lines: list[dict[str, Any]]) -> str:
     """How the defaults were chosen, for the record: the best setting, then every other one measured."""
     num = lines[0]["num"]
-    fid = {json.dumps(setting_of(line), sort_keys=True): line["fid"] for line in lines}
-    best_key = json.dumps(best, sort_keys=True)
-    others = "; ".join(f"{describe(json.loads(key))}: {value:.1f}" for key, value in
-                       sorted(fid.items(), key=lambda item: item[1]) if key != best_key)
-    text = (f"{best['guidance']:g}, the lowest FID of {len(fid)} settings ({num:,} samples each): "
-            f"{describe(best)}, FID {fid[best_key]:.1f}")
+    fid = {setting_of(line): line["fid"] for line in lines}
+    others = "; ".join(f"{describe_setting(setting)}: {value:.1f}" for setting, value in
+                       sorted(fid.items(), key=lambda item: item[1]) if setting != best)
+    text = (f"{best.guidance:g}, the lowest FID of {len(fid)} settings ({num:,} samples each): "
+            f"{describe_setting(best)}, FID {fid[best]:.1f}")
     return text + (f"; against {others}" if others else "")
 
 

@@ -20,7 +20,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from ddim.pretrained import PACKAGE_ROOT, available
-from ddim.pretrained.record import details_markdown, models_table
+from ddim.pretrained.render import details_markdown, models_table
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_PAGE = REPO / "docs" / "models.md"
@@ -112,7 +112,7 @@ def test_a_records_figures_are_lines_of_the_files_it_names(name):
     """Every measured FID is that of a line of the same number of samples in its ``source`` (the files differ in
     format: ``ddim eval``'s and ``benchmarks/fid_of_samples.py``'s), and the sampling time a line of
     ``benchmarks/cli_timing.py``'s, whole: nothing in the table is typed in."""
-    from ddim.pretrained.record import sample_time_from_line
+    from ddim.pretrained.scores import sample_time_from_line
 
     record = shipped()[name].record
     for score in record["scores"]:

@@ -263,11 +263,11 @@ def test_images_generated_elsewhere_score_as_ddim_eval_scores_them(conditional_w
     assert scored["class_accuracy_ceiling"] == direct["real_val_class_accuracy"] == 1.0
     assert len((tmp_path / "eval" / "samples_eval.jsonl").read_text().splitlines()) == 2
     # The lines carry the setting the files stored, in ddim eval's fields: a bundle's record reads them as its own.
-    from ddim.pretrained.record import score_from_eval
+    from ddim.pretrained.scores import score_from_eval
 
     score = score_from_eval(scored)
-    assert (score["steps"], score["sampler"], score["spacing"], score["guidance"]) == (2, "ddim", "uniform", 1.0)
-    assert (score["split"], score["kid"], score["real_class_accuracy"]) == ("val", scored["kid"], 1.0)
+    assert (score.steps, score.sampler, score.spacing, score.guidance) == (2, "ddim", "uniform", 1.0)
+    assert (score.split, score.kid, score.real_class_accuracy) == ("val", scored["kid"], 1.0)
 
 
 def test_samples_saved_as_webp_load_as_the_same_pixels_and_classes(tmp_path):

@@ -722,7 +722,7 @@ def test_the_web_page_takes_a_student_at_its_own_steps(distilled):
 def test_a_bundled_student_records_its_distillation_and_samples_at_its_own_steps(distilled, tmp_path, monkeypatch):
     import ddim
     from ddim.pretrained import export_checkpoint
-    from ddim.pretrained.record import describe
+    from ddim.pretrained.render import describe
 
     out, _ = distilled
     manifest = export_checkpoint(out / "students" / "2", "tiny-2step", root=tmp_path, fid=50.0,

@@ -12,8 +12,8 @@ import ddim
 from ddim.checkpoint import Checkpointer, checkpoint_dir
 from ddim.config import ConfigError
 from ddim.pretrained import export_checkpoint
-from ddim.pretrained.record import describe_init
-from ddim.pretrained.record import facts as describe_facts
+from ddim.pretrained.render import describe_init
+from ddim.pretrained.render import facts as describe_facts
 from ddim.train import init as init_lib
 from ddim.train import load_run_config, loop
 from ddim.train.state import ema_variables

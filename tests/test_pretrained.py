@@ -32,7 +32,7 @@ from ddim.pretrained import (
     read_manifest,
 )
 from ddim.pretrained import bundle as bundle_module
-from ddim.pretrained.record import fid_from_eval_file
+from ddim.pretrained.export import fid_from_eval_file
 from tests.conftest import REPO
 from tests.test_cli import assert_one_line_error, invoke
 
@@ -227,7 +227,7 @@ def test_a_bundle_is_stored_again_in_float16_with_its_config_and_record(bundles,
         store_as(exact, "float64", tmp_path / "other")
     # What the rounding did to the figures is said beside the stored weights.
     from ddim.pretrained.bundle import write_record
-    from ddim.pretrained.record import facts
+    from ddim.pretrained.render import facts
 
     noted = write_record(half, {**half.record, "weights_note": "FID level with the float32 weights"})
     weights = dict(facts(noted))["weights"]
@@ -454,12 +454,13 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
 
 
 def test_every_bundled_class_model_samples_at_its_best_measured_guidance_by_default():
-    from ddim.pretrained.record import find_score, default_setting
+    from ddim.pretrained.bundle_record import BundleRecord
 
     for manifest in available(PACKAGE_ROOT):  # a model replaced by an export has no defaults until measured again
         defaults = manifest.record["defaults"]
         assert manifest.config.model.class_conditional and defaults["guidance"] > 0
-        assert find_score(manifest.record, 1000, default_setting(manifest.record))["fid"] > 0, manifest.name
+        record = BundleRecord.from_dict(manifest.record)
+        assert record.find_score(1000, record.default_setting).fid > 0, manifest.name
 
 
 def test_sample_of_a_bundled_class_model_tips_its_best_guidance_only_when_asked_another(tmp_path):
@@ -490,7 +491,7 @@ def test_every_bundled_fine_tune_names_a_bundled_source_by_its_weights():
 def test_the_table_gives_each_figure_column_one_sample_count_and_names_the_timing_cpus():
     """A column of figures is of one sample count in every row ('-' where a record lacks it), and the seconds say
     which CPU measured them, row by row when the CPUs differ."""
-    from ddim.pretrained.record import models_table
+    from ddim.pretrained.render import models_table
     from ddim.pretrained.registry import available
 
     models = available(PACKAGE_ROOT)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ddim.pretrained.bundle_record import setting_of, setting_values
 from tests.conftest import REPO, mock_flowers
 from tests.test_docs import parse_command
 from tests.test_evaluation import tiny_extractor
@@ -223,13 +224,13 @@ def test_the_flowers64_recipe_trains_a_velocity_model_120_epochs_in_two_stages(t
 def test_sweep_words_and_defaults_options():
     lines = [{"num": 1000, "steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": g, "fid": f}
              for g, f in ((1.0, 50.0), (2.0, 39.2), (3.0, 41.2))]
-    best = rebuild.setting_of(lines[1])
-    assert best == {"steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": 2.0}
+    best = setting_of(lines[1])
+    assert setting_values(best) == {"steps": 20, "sampler": "ddim", "spacing": "uniform", "eta": 0.0, "guidance": 2.0}
     assert rebuild.sweep_words(best, lines) == (
         "2, the lowest FID of 3 settings (1,000 samples each): 20 steps of ddim (uniform grid), guidance 2, FID 39.2; "
         "against 20 steps of ddim (uniform grid), guidance 3: 41.2; 20 steps of ddim (uniform grid), guidance 1: 50.0")
-    assert rebuild.defaults_options(best) == ["--steps", "20", "--sampler", "ddim", "--spacing", "uniform", "--eta",
-                                              "0", "--guidance", "2"]
+    assert rebuild.defaults_options(setting_values(best)) == ["--steps", "20", "--sampler", "ddim", "--spacing",
+                                                              "uniform", "--eta", "0", "--guidance", "2"]
 
 
 def test_a_stopped_command_keeps_its_time_in_the_stage(tmp_path, monkeypatch):
@@ -257,8 +258,8 @@ def test_choose_takes_the_best_setting_of_one_step_count_when_asked(tmp_path, mo
         build.choose({"model": "m", "num": "1000", "steps": "8"})
     # The record's words on the sweep name the settings chosen among, the same lines.
     assert [line["fid"] for line in build.candidates({"num": "1000", "steps": "2"}, lines)] == [34.0, 33.0]
-    assert "of 2 settings" in rebuild.sweep_words(build.choose({"model": "m", "num": "1000", "steps": "2"}),
-                                                   build.candidates({"num": "1000", "steps": "2"}, lines))
+    chosen = setting_of(build.choose({"model": "m", "num": "1000", "steps": "2"}))
+    assert "of 2 settings" in rebuild.sweep_words(chosen, build.candidates({"num": "1000", "steps": "2"}, lines))
 
 
 def test_run_seconds_add_up_a_runs_stretches(tmp_path):

@@ -50,7 +50,7 @@ def list_models(as_json: bool = typer.Option(False, "--json", help="One JSON obj
     figure measured of it.
     """
     from ddim.pretrained import available, bundled_root, describe
-    from ddim.pretrained.record import details_markdown, models_table
+    from ddim.pretrained.render import details_markdown, models_table
 
     with user_errors():
         models = available()

@@ -2,17 +2,20 @@
 
 - :mod:`~ddim.pretrained.bundle`: one model's files (safetensors weights, a JSON manifest), checked by SHA-256
 - :mod:`~ddim.pretrained.registry`: which models are bundled, finding and loading one by name
-- :mod:`~ddim.pretrained.record`: how a model was made (steps, images seen, hardware, FID and its protocol)
-- :mod:`~ddim.pretrained.export`: a checkpoint -> a bundled model (``ddim pretrained export``)
+- :mod:`~ddim.pretrained.bundle_record`: how a model was made and what it scores, as types (:class:`BundleRecord`)
+- :mod:`~ddim.pretrained.scores`: a measurement into a record (``ddim eval`` lines, ``sample_time``)
+- :mod:`~ddim.pretrained.render`: the records in words (``ddim pretrained``'s table and ``--details``)
+- :mod:`~ddim.pretrained.export`: a checkpoint -> a bundled model and its training record (``ddim pretrained export``)
 - :mod:`~ddim.pretrained.errors`: :class:`PretrainedError`
 
 Each model is a directory ``ddim/pretrained/<name>/`` shipped with the wheel.
 """
 
 from ddim.pretrained.bundle import MAX_BYTES, Manifest, read_manifest, read_variables, write_bundle
+from ddim.pretrained.bundle_record import BundleRecord, Score
 from ddim.pretrained.errors import PretrainedError
 from ddim.pretrained.export import export_checkpoint
-from ddim.pretrained.record import describe
+from ddim.pretrained.render import describe
 from ddim.pretrained.registry import (
     ENV,
     PACKAGE_ROOT,
@@ -32,8 +35,10 @@ __all__ = [
     "MAX_BYTES",
     "PACKAGE_ROOT",
     "PREFIX",
+    "BundleRecord",
     "Manifest",
     "PretrainedError",
+    "Score",
     "available",
     "best_guidance",
     "bundled_root",

@@ -10,7 +10,7 @@ A bundle is a directory named after the model::
 
 safetensors, not pickle: reading a model runs no code from its files. ``config``
 is the :class:`ddim.config.Config` that rebuilds the network (its class names
-included), ``record`` how the weights were made (:mod:`ddim.pretrained.record`).
+included), ``record`` how the weights were made (:class:`ddim.pretrained.bundle_record.BundleRecord`).
 Weights stored in float16 take half the bytes; they are read back as float32
 arrays, so the network computes as it does with float32 weights (only the
 stored values are rounded). The SHA-256 is of the file as stored. Format 1

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ddim.pretrained.bundle import MANIFEST, Manifest, read_manifest
+from ddim.pretrained.bundle_record import BundleRecord
 from ddim.pretrained.errors import PretrainedError
 
 PREFIX = "pretrained:"
@@ -73,12 +74,10 @@ def default_model(root: str | os.PathLike | None = None) -> Manifest | None:
 def best_guidance(name: str | None) -> float | None:
     """The best measured guidance scale of the bundled model ``name``: its record's default scale (a
     class-conditional model whose record names defaults), else None (a run of your own; a model nobody measured)."""
-    from ddim.pretrained.record import best_guidance as recorded_best
-
     if name is None or not NAME.fullmatch(name) or not (bundled_root() / name / MANIFEST).is_file():
         return None
     manifest = find(name)
-    return recorded_best(manifest.record, manifest.config.model.class_conditional)
+    return BundleRecord.from_dict(manifest.record).best_guidance(manifest.config.model.class_conditional)
 
 
 def few_steps_measured(image_size: int) -> bool:
@@ -126,15 +125,14 @@ def load_pretrained(name: str, root: str | os.PathLike | None = None, check: boo
     from ddim.checkpoint.ema import LoadedCheckpoint, check_fits_config
     from ddim.pretrained.bundle import read_variables
 
-    from ddim.pretrained.record import sampling_defaults
-
     manifest = find(name, root)
     # One transfer of the whole tree: jnp.asarray per leaf compiles a small program for each of its shapes.
     variables = jax.device_put(read_variables(manifest))
     if check:
         check_fits_config(manifest.config, variables, manifest.directory)
-    return LoadedCheckpoint(manifest.config, variables, manifest.record.get("steps"), manifest.directory,
-                            sampling_defaults(manifest))
+    record = BundleRecord.from_dict(manifest.record)
+    return LoadedCheckpoint(manifest.config, variables, record.steps, manifest.directory,
+                            record.sampling_spec(manifest.name))
 
 
 def load_source(source: str | os.PathLike, step: int | None = None, warn=None, check: bool = True):
