@@ -49,7 +49,7 @@ at it compare a bundled model with such runs."""
 def setting_of(values: Mapping[str, Any]) -> SamplingSpec:
     """The setting of a record's ``defaults`` or score, or of an ``eval.jsonl`` line: a value missing or null is
     :data:`PLAIN`'s, the guidance scale a number."""
-    given = {key: values[key] for key in SETTING_KEYS[:-1] if values.get(key) is not None}
+    given = {key: values[key] for key in SETTING_KEYS if key != "guidance" and values.get(key) is not None}
     return SamplingSpec(**given, guidance=guidance_scale(values.get("guidance")))
 
 
