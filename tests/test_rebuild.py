@@ -179,7 +179,7 @@ def test_an_out_directory_keeps_one_rebuild_and_until_stops_after_a_stage(tmp_pa
     (CHEAP.replace("{bad}", "{worse}"), "{worse} is no setting"),
     (CHEAP.replace('name = "second"', 'name = "first"'), "needs stages of distinct names"),
     (CHEAP + '\n[[stage]]\nname = "third"\n', "stage 'third' needs one of run, choose, record"),
-    (CHEAP.replace('bad = "configs', 'worse = "configs'), "[smoke] sets worse, which [settings] lacks"),
+    (CHEAP.replace('bad = "smoke"', 'worse = "smoke"'), "[smoke] sets worse, which [settings] lacks"),
 ])
 def test_a_bad_recipe_is_refused_before_anything_runs(text, message, tmp_path):
     root = write_recipe(tmp_path / "recipes", "cheap", text)
