@@ -1,7 +1,7 @@
 """The bundled models' facts live in their records: the docs show them, and never disagree with them.
 
-docs/models.md includes the table ``ddim pretrained`` prints from the records, and the details ``ddim pretrained
---details --markdown`` prints, verbatim; a record's figures are lines of the files under docs/results/ it names,
+docs/models.md includes the table ``ddim pretrained`` prints from the records, and docs/model-cards.md the details
+``ddim pretrained --details --markdown`` prints, verbatim; a record's figures are lines of the files under docs/results/ it names,
 not typed in. Every other
 page of the user guide (the research record aside: its pages are dated studies of the models they name) may
 quote a bundled model's FID, KID or class accuracy only as one of the figures in that model's record. The check
@@ -24,6 +24,7 @@ from ddim.pretrained.render import details_markdown, models_table
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_PAGE = REPO / "docs" / "models.md"
+CARDS_PAGE = REPO / "docs" / "model-cards.md"
 TABLE = ("<!-- bundled-models:", "<!-- end of bundled-models -->")
 DETAILS = ("<!-- bundled-model-details:", "<!-- end of bundled-model-details -->")
 GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -93,13 +94,12 @@ def between(text: str, markers: tuple[str, str]) -> str:
     return text[start:text.index(end)]
 
 
-def test_the_models_page_shows_the_table_and_the_details_the_records_print():
-    text = MODELS_PAGE.read_text(encoding="utf-8")
+def test_the_models_pages_show_the_table_and_the_details_the_records_print():
     models = shipped().values()
-    assert between(text, TABLE) == models_table(models), (
+    assert between(MODELS_PAGE.read_text(encoding="utf-8"), TABLE) == models_table(models), (
         "docs/models.md's table differs from the records: paste the output of `ddim pretrained` between its markers")
-    assert between(text, DETAILS) == details_markdown(models), (
-        "docs/models.md's details differ from the records: paste the output of `ddim pretrained --details "
+    assert between(CARDS_PAGE.read_text(encoding="utf-8"), DETAILS) == details_markdown(models), (
+        "docs/model-cards.md's details differ from the records: paste the output of `ddim pretrained --details "
         "--markdown` between their markers")
 
 

@@ -373,3 +373,41 @@ def test_the_keras_check_sees_an_unlinked_first_mention(tmp_path):
     assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is False
     page.write_text(f"# The Keras example\n\n`Keras example` and the [Keras example]({KERAS_EXAMPLE}).\n")
     assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is True
+
+
+CHECKOUT_SCRIPT = re.compile(r"python (?:benchmarks|tools)/")
+CHECKOUT_SAID = re.compile(r"clone of (?:the|this) repository|from the repository's root|in a clone", re.IGNORECASE)
+
+
+def checkout_commands_unsaid(page: Path) -> list[str]:
+    """``python benchmarks/...`` and ``python tools/...`` commands of a page, in a code block or inline, whose
+    block, paragraph or the paragraph before it does not say that they run from a clone of the repository (an
+    installed package has no benchmarks/ or tools/)."""
+    unsaid, previous = [], ""
+    for token in _MARKDOWN.parse(page.read_text(encoding="utf-8")):
+        if token.type == "inline" or token.type == "fence":
+            text = token.content
+            found = CHECKOUT_SCRIPT.search(text)
+            if found and not (CHECKOUT_SAID.search(text) or CHECKOUT_SAID.search(previous)):
+                unsaid.append(text[found.start():found.start() + 48])
+            previous = text
+    return unsaid
+
+
+GUIDE_PAGES = [README, *sorted(GUIDE.glob("*.md"))]  # the research record's commands are its record
+
+
+@pytest.mark.parametrize("page", GUIDE_PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
+def test_a_command_that_needs_the_checkout_says_so(page):
+    unsaid = checkout_commands_unsaid(page)
+    assert not unsaid, (f"{page.relative_to(REPO)}: say that these run from a clone of the repository (a pip "
+                        f"install has no benchmarks/ or tools/): {unsaid}")
+
+
+def test_the_checkout_check_sees_an_unsaid_command(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Measure it:\n\n```bash\npython benchmarks/bench.py --config smoke\n```\n\nFrom a clone of the "
+                    "repository:\n\n```bash\npython tools/fid_reference.py compare\n```\n")
+    assert checkout_commands_unsaid(page) == ["python benchmarks/bench.py --config smoke\n"]
+    page.write_text("Run `python benchmarks/bench.py` to time it.\n")
+    assert checkout_commands_unsaid(page) == ["python benchmarks/bench.py` to time it."]

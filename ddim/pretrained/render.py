@@ -200,6 +200,12 @@ def describe(manifest) -> list[str]:
     return [line.replace("`", "") for line in lines]  # code spans are Markdown's
 
 
+def recipe_markdown(recipe: str) -> str:
+    """A recipe as code; one of the repository's scripts says that it runs from a clone of the repository."""
+    where = " (from a clone of the repository)" if recipe.startswith(("python benchmarks/", "python tools/")) else ""
+    return f"`{recipe}`{where}"
+
+
 def details_markdown(manifests) -> str:
     """Each bundled model's facts as a Markdown section (the first is the default): what docs/models.md includes
     under its table and ``ddim pretrained --details --markdown`` prints."""
@@ -211,7 +217,7 @@ def details_markdown(manifests) -> str:
                 lines.append(f"- **{label}**:")
                 lines += [f"  - {_escape(line)}" for line in text]
             else:
-                lines.append(f"- **{label}**: " + (f"`{text}`" if label == "recipe" else text))
+                lines.append(f"- **{label}**: " + (recipe_markdown(text) if label == "recipe" else text))
         # A raw line's file is a link there (docs/models.md is beside docs/results/).
         text = re.sub(r"(?<![\w/])docs/(results/[\w.-]+\.jsonl)", r"[docs/\1](\1)", "\n".join(lines))
         sections.append(text + "\n")
