@@ -42,9 +42,9 @@ CLASS_TABLE = ("network", "classes", "table", "embedding")
 
 
 FINE_TUNE_CONFIGS = {32: "finetune32", 64: "finetune64"}
-"""The packaged config a fine-tune with no ``--config`` takes, by the source's image size (any other size:
-``finetune32``'s settings, which name no size): the length, learning rate, warm-up and reporting suited to a
-fine-tune, everything else from the source."""
+"""The packaged config a fine-tune with no ``--config`` takes, by the source's image size, and the run's name
+(any other size: ``finetune32``'s settings, which name no size, in a run named ``<source name>-finetune``): the
+length, learning rate, warm-up and reporting suited to a fine-tune, everything else from the source."""
 OBJECTIVE = ("loss", "loss_weighting", "snr_gamma", "p2_k", "p2_gamma")
 """The ``[train]`` keys that say what the source's network was trained to minimise: a fine-tune keeps the
 source's unless its config sets them."""
@@ -63,8 +63,10 @@ def load_run_config(path=None, overrides: list[str] | None = None, init: str | N
         return from_dict(values)
     source_config = load_source_config(source)
     if path is None:
-        preset = FINE_TUNE_CONFIGS.get(source_config.model.image_size, FINE_TUNE_CONFIGS[32])
-        values = config_values(preset, overrides)
+        size = source_config.model.image_size
+        values = config_values(FINE_TUNE_CONFIGS.get(size, FINE_TUNE_CONFIGS[32]), overrides)
+        if size not in FINE_TUNE_CONFIGS and "name" not in config_values(None, overrides):
+            del values["name"]  # not finetune32's: the run is <source name>-finetune (with_source_model)
     return from_dict(with_source_model(values, source_config))
 
 
