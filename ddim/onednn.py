@@ -8,18 +8,20 @@ convolutions of a float32 3x3 or 1x1 layer run on oneDNN instead, through the JA
 
 The library is compiled with the system's C++ compiler against the oneDNN wheel (``onednn-cpu-gomp`` and its
 headers, ``onednn-devel-cpu-gomp``, installed with ddim on x86-64 Linux) the first time a process needs it,
-into ``~/.cache/ddim/kernels`` (the temporary directory when ``DDIM_COMPILATION_CACHE=off``). Where anything of
-that is missing, :func:`available` says False, why is in :func:`unavailable_reason`, and the network keeps
-XLA's convolutions. ``DDIM_ONEDNN=0`` turns it off.
+into ``~/.cache/ddim/kernels`` (the temporary directory when ``DDIM_COMPILATION_CACHE=off``): the commands that
+run JAX do it before their first trace (:func:`prepare`), anything else when a trace first asks. Where anything
+of that is missing, :func:`available` says False, why is in :func:`unavailable_reason` and in one stderr line
+(:data:`NOTE`, once per process), and the network keeps XLA's convolutions. ``DDIM_ONEDNN=0`` turns it off,
+silently. :func:`kernels` names the kernels a run's convolutions take, for its records.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
+import importlib.util
+import pkgutil
 import platform
-import shutil
 import sys
 import sysconfig
 from pathlib import Path
@@ -39,7 +41,12 @@ TARGETS = {
 # The kernel sizes that run on oneDNN (the library takes 1 and 3).
 KERNEL_SIZES = (1, 3)
 _reason: str | None = None
+_library: Path | None = None
 _disabled = 0
+INSTALL = "pip install onednn-cpu-gomp onednn-devel-cpu-gomp"
+NOTE = ("oneDNN convolutions unavailable ({reason}); XLA's convolutions run instead, about 1.4x slower to train on "
+        "a CPU; {fix} or set DDIM_ONEDNN=0 to silence this")
+"""The line a process prints when the library cannot be built or loaded (ddim/runtime.py's :func:`note`)."""
 
 
 def _prefixes() -> list[Path]:
@@ -54,28 +61,38 @@ def _prefixes() -> list[Path]:
 
 
 def _find_onednn() -> tuple[Path, Path]:
-    """(include directory, library directory) of the oneDNN wheel; raises FileNotFoundError."""
+    """(include directory, library directory) of the oneDNN wheel; raises NativeCodeUnavailable."""
     for prefix in _prefixes():
         include, lib = prefix / "include", prefix / "lib"
         if (include / "oneapi" / "dnnl" / "dnnl.hpp").is_file() and (lib / "libdnnl.so").exists():
             return include, lib
-    raise FileNotFoundError("oneDNN not installed (pip install onednn-cpu-gomp onednn-devel-cpu-gomp)")
+    raise runtime.NativeCodeUnavailable("oneDNN's library or headers not installed", INSTALL)
 
 
 def _build() -> Path:
-    """Compile the library (once per source, JAX and oneDNN version) and return its path."""
+    """Compile the library (once per source, JAX and oneDNN version) and return its path; raises
+    NativeCodeUnavailable."""
     include, lib = _find_onednn()
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not compiler:
-        raise FileNotFoundError("no C++ compiler (g++) on PATH")
+
+    def compiler() -> str:
+        return runtime.find_compiler("CXX", ("g++", "c++"), "C++")
+
     flags = ["-std=c++17", f"-I{jax.ffi.include_dir()}", f"-I{include}", f"-L{lib}", "-ldnnl", f"-Wl,-rpath,{lib}"]
-    return runtime.compile_library(SOURCE, compiler, flags, stamp=jax.__version__.encode() + str(lib.resolve()).encode())
+    try:
+        return runtime.compile_library(SOURCE, compiler, flags,
+                                       stamp=jax.__version__.encode() + str(lib.resolve()).encode())
+    except runtime.NativeCodeUnavailable:
+        raise  # (no compiler: its own fix)
+    except (OSError, RuntimeError) as error:
+        raise runtime.NativeCodeUnavailable(str(error), f"check the C++ compiler (CXX) and oneDNN ({INSTALL})") \
+            from None
 
 
 @functools.cache
 def available() -> bool:
-    """Whether the oneDNN convolutions can run in this process (built and registered on first call)."""
-    global _reason
+    """Whether the oneDNN convolutions can run in this process (built and registered on first call; a build
+    that fails prints :data:`NOTE` once)."""
+    global _reason, _library
     if runtime.switched_off("DDIM_ONEDNN"):
         _reason = "turned off by DDIM_ONEDNN=0"
         return False
@@ -85,18 +102,67 @@ def available() -> bool:
     try:
         import ctypes
 
-        library = ctypes.cdll.LoadLibrary(str(_build()))
-        for name, symbol in TARGETS.items():
-            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
-    except (OSError, RuntimeError, FileNotFoundError, AttributeError) as error:
+        try:
+            path = _build()
+            library = ctypes.cdll.LoadLibrary(str(path))
+            for name, symbol in TARGETS.items():
+                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+        except (OSError, AttributeError) as error:  # built, but not loadable
+            raise runtime.NativeCodeUnavailable(str(error), f"reinstall oneDNN ({INSTALL})") from None
+    except runtime.NativeCodeUnavailable as error:
         _reason = str(error)
+        runtime.note("onednn", NOTE.format(reason=error, fix=error.fix))
         return False
+    _library = path
     return True
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True or was not asked yet)."""
     return _reason
+
+
+def library_path() -> Path | None:
+    """The library loaded by :func:`available` (None before, or without it)."""
+    return _library
+
+
+def prepare() -> None:
+    """Build and register the library now, before the first trace, where the network's convolutions can run on it:
+    unless ``DDIM_ONEDNN=0``, or the process is expected to run on an accelerator (``JAX_PLATFORMS`` names one
+    first, or a GPU/TPU plugin of JAX is installed; a CPU fallback there still builds it when first traced)."""
+    if runtime.switched_off("DDIM_ONEDNN") or _accelerator_expected():
+        return
+    available()
+
+
+def _accelerator_expected() -> bool:
+    """Whether JAX is set up for a GPU or TPU, judged without starting its backends."""
+    platforms = jax.config.jax_platforms
+    if platforms:
+        return platforms.split(",")[0].strip().lower() != "cpu"
+    try:
+        import jax_plugins  # the namespace of JAX's CUDA and ROCm plugins
+    except ImportError:
+        plugins = False
+    else:
+        plugins = any(True for _ in pkgutil.iter_modules(jax_plugins.__path__))
+    return plugins or importlib.util.find_spec("libtpu") is not None
+
+
+def kernels(backend: str, dtype: str) -> dict[str, str | None]:
+    """What runs a network's convolutions on ``backend`` computing in ``dtype`` (``model.dtype``), as a run's
+    records name it: ``conv_kernels`` (``"onednn"`` or ``"xla"``) and ``conv_kernels_reason`` (why XLA's, else
+    None)."""
+    if backend != "cpu":
+        reason = f"{backend} backend"
+    elif dtype != "float32":
+        reason = f"model.dtype {dtype} (oneDNN runs float32)"
+    elif available():
+        return {"conv_kernels": "onednn", "conv_kernels_reason": None}
+    else:
+        reason = unavailable_reason()
+    return {"conv_kernels": "xla", "conv_kernels_reason": reason}
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """Process-level speed settings (ddim/runtime.py): XLA flags and the allocator restart."""
 
+import json
 import os
 import subprocess
 import sys
@@ -59,19 +60,38 @@ def test_no_restart_off_linux(monkeypatch, linux_with_huge_pages):
 def test_restart_re_executes_with_the_same_arguments_once():
     env = {k: v for k, v in os.environ.items()
            if k not in ("GLIBC_TUNABLES", "LD_PRELOAD", "DDIM_RESTART", "DDIM_RESTARTED", "DDIM_KEEP_LARGE_BLOCKS")}
+    env["GLIBC_TUNABLES"] = "glibc.malloc.arena_max=4"  # the user's own, which the children get back
     extra = runtime.fast_allocator_environment(env)
     if not extra:
         pytest.skip("this machine takes neither the huge-page tunable nor the large-block layer")
     script = (
-        "import os, sys\n"
+        "import os, subprocess, sys\n"
         "from ddim import runtime\n"
         "print('start', flush=True)\n"
         "runtime.restart_with_fast_allocator()\n"
-        "print(os.environ.get('GLIBC_TUNABLES'), os.environ.get('LD_PRELOAD'), sys.argv[1:])\n"
+        "runtime.restart_with_fast_allocator()  # a second call changes nothing\n"
+        "print(runtime.allocator_layer()[0], sys.argv[1:])\n"
+        "print(os.environ.get('GLIBC_TUNABLES'), os.environ.get('LD_PRELOAD'), os.environ.get('DDIM_RESTARTED'))\n"
+        "child = 'import os; print(os.environ.get(\"LD_PRELOAD\"), os.environ.get(\"GLIBC_TUNABLES\"))'\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True).stdout.strip())\n"
     )
     out = subprocess.run([sys.executable, "-c", script, "a b", "c"], env=env, capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out == ["start", "start", f"{extra.get('GLIBC_TUNABLES')} {extra.get('LD_PRELOAD')} ['a b', 'c']"]
+    assert out[:3] == ["start", "start", f"{'LD_PRELOAD' in extra} ['a b', 'c']"]
+    # What the restart added is this process's alone: its children start with the user's environment.
+    assert out[3:] == ["glibc.malloc.arena_max=4 None None", "None glibc.malloc.arena_max=4"]
+
+
+def test_the_restarted_process_gives_its_children_the_environment_from_before():
+    before = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "LD_PRELOAD": None}
+    environ = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "LD_PRELOAD": f"{LAYER}",
+               "DDIM_RESTARTED": json.dumps(before), "HOME": "/home/u"}
+    runtime._for_this_process_only(environ)
+    assert environ == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "HOME": "/home/u"}
+    # Without the mark (a parent put the layer there), only the layer leaves; the user's own preloads stay.
+    environ = {"LD_PRELOAD": f"/x.so {LAYER}", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    runtime._for_this_process_only(environ)
+    assert environ == {"LD_PRELOAD": "/x.so", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
 LAYER_CHECK = """

@@ -202,13 +202,15 @@ def progress_bar(total: int, description: str) -> Iterator:
 
 
 def setup_runtime(compilation_cache: Optional[str]) -> None:
-    """The persistent compilation cache; must run before JAX compiles anything.
+    """The persistent compilation cache and the native code (oneDNN's convolutions, built before the first
+    trace; a note line for what runs slower without a compiler); must run before JAX compiles anything.
 
     (The XLA flags were set when ``ddim`` was imported.)
     """
     from ddim import runtime
 
     runtime.enable_compilation_cache(compilation_cache)
+    runtime.prepare_native_code()
 
 
 DATA_HELP = "Folder of your own training images (a shortcut for --set data.image_dir=PATH)."
