@@ -459,6 +459,10 @@ def test_distill_writes_a_student_per_round_that_loads_and_samples_on_its_own_gr
         pipe.generate(3, steps=4)
     records = [json.loads(line) for line in (out / "distill.jsonl").read_text().splitlines()]
     assert records[0]["teacher"].endswith("run") and {r.get("student_steps") for r in records[1:]} == {4, 2, 1}
+    from ddim import onednn
+
+    kernels = onednn.kernels("cpu", "float32")  # each stretch of training names what ran its convolutions
+    assert all({key: record[key] for key in kernels} == kernels for record in records[1:])
     # What a student cannot do names the diffusion model it was distilled from.
     assert pipe.config.model.distilled_from == records[0]["teacher"]
     with pytest.raises(SpecError, match=f"distilled from \\({records[0]['teacher']}\\)"):

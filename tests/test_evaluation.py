@@ -318,6 +318,10 @@ def test_evaluate_checkpoint_with_an_injected_factory_and_the_train_split(smoke_
     assert (result["sampler"], result["spacing"]) == ("ddim", "uniform")
     assert "eval_file" not in eval_lines(out)[-1]
     assert eval_lines(out)[-1]["guidance"] is None  # the whole SamplingSpec is recorded
+    from ddim import onednn
+
+    kernels = onednn.kernels("cpu", "float32")  # what ran the sampled network's convolutions
+    assert {key: eval_lines(out)[-1][key] for key in kernels} == kernels
     assert not {"class_mode", "class_accuracy", "real_val_class_accuracy", "chance"} & set(result)  # unconditional
 
 

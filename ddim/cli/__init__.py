@@ -9,7 +9,7 @@ a traceback.
 
 from __future__ import annotations
 
-from ddim.cli import configs, data, distill, evaluate, pretrained, sample, serve, tools, train  # noqa: F401  (each registers its command)
+from ddim.cli import configs, data, distill, env, evaluate, pretrained, sample, serve, tools, train  # noqa: F401  (each registers its command)
 from ddim.cli.app import app
 
 __all__ = ["app", "main"]

@@ -10,6 +10,7 @@ directory holds::
                                  consistency student): a work directory of its own
                                  (ddim sample --workdir <workdir>/students/4)
       distill.jsonl              the teacher, and the optimiser steps and seconds of every stretch of training
+                                 (and what it ran on: the backend, which kernels ran the convolutions)
       samples/, tensorboard/, data_cache/   as for ddim train
 
 The global step counts on across phases (:mod:`ddim.distill.plan`), the data order is a function of
@@ -39,6 +40,7 @@ from ddim.config import named as named_config
 from ddim.distill import plan as plan_lib
 from ddim.distill.plan import Phase
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
+from ddim.environment import run_fields
 from ddim.errors import UserError
 from ddim.model import DiffusionModel, init_variables
 from ddim.spec import SamplingRules
@@ -333,7 +335,7 @@ class DistillationRun(RunOutputs):
                 append_record(Workdir(self.workdir).root / RECORDS, {
                     "phase": phase.kind, "student_steps": phase.student_steps, "from_step": first,
                     "to_step": info.step, "seconds": round(time.perf_counter() - started, 3),
-                    "loss": metrics.last_mean.get("loss")})
+                    "loss": metrics.last_mean.get("loss"), **run_fields(config.model.dtype)})
         return PhaseEnd(state, step, stopped, metrics.last_mean)
 
     def _export(self, phase: Phase, state: TrainState) -> Path:

@@ -13,7 +13,8 @@ and their cached features and statistics from
 :class:`~ddim.evaluation.request.EvalRequest`; each run appends one JSON line
 to ``<workdir>/eval.jsonl`` (:mod:`ddim.evaluation.record`). A class-conditional
 checkpoint's line adds its guidance scale, class mode and class accuracy
-(:mod:`ddim.evaluation.conditional`).
+(:mod:`ddim.evaluation.conditional`). Every line names the kernels that ran the network's convolutions
+(``conv_kernels``: ``onednn`` or ``xla``, with ``conv_kernels_reason``).
 
 The network never runs with random weights unless a caller injects its own
 ``feature_extractor_factory`` (the tests do; the CLI never does).
@@ -343,8 +344,18 @@ def _record(request: EvalRequest, pipe, real: _Real, scores: dict[str, Any], fid
         "kid_feature_net": kid_extractor.identity if kid_extractor is not None else None,
         "fid_feature_net": fid_extractor.identity,
         "fid_weights_sha256": getattr(fid_extractor, "digest", None),
+        **_conv_kernels(pipe),
         "wall_time_s": round(wall_time, 3),
     }
+
+
+def _conv_kernels(pipe) -> dict[str, Any]:
+    """Which kernels ran the sampled network's convolutions (``conv_kernels``, and why XLA's: ddim/onednn.py)."""
+    import jax
+
+    from ddim import onednn
+
+    return onednn.kernels(jax.default_backend(), pipe.config.model.dtype)
 
 
 def _append(workdir: Workdir, record: dict[str, Any]) -> dict[str, Any]:

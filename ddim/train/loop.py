@@ -11,6 +11,7 @@ from ``(seed, epoch)`` (see :mod:`ddim.data`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -20,9 +21,10 @@ from typing import Any, Callable, Iterator
 import jax
 
 from ddim import data as data_lib
-from ddim import parallel
+from ddim import parallel, runtime
 from ddim.checkpoint import Checkpointer, model_config_mismatch
 from ddim.config import Config
+from ddim.environment import training_record
 from ddim.errors import UserError, environment_error
 from ddim.model import DiffusionModel
 from ddim.summary import Progress, Reporter, plural, say_stderr, summary_writer
@@ -32,6 +34,7 @@ from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, Training
 from ddim.train.state import TrainState
 from ddim.train.stop import StopRequest
 from ddim.workdir import Workdir, WorkdirLock, lock_for_training
+from ddim.workdir.records import append_record
 
 # Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
 # already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
@@ -56,11 +59,16 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
     ``kid_extractor_factory(image_size)`` replaces InceptionV3 for the KID
     monitor (tests inject a small random network; the CLI never does).
     """
+    runtime.prepare_native_code()  # before the first trace (the CLI's setup did it already)
     run = TrainingRun.prepare(config, workdir, log)
     if run.start_step >= run.total_steps:
         run.say(f"already trained for {run.start_step} steps (of {run.total_steps}); nothing to do")
         run.close()
         return TrainResult(run.state, run.start_step, run.start_step, False, {})
+    if run.is_writer:  # what this stretch of training runs on, its convolutions' kernels among it
+        with contextlib.suppress(OSError):  # a record is not worth the run
+            append_record(Workdir(run.workdir).train_file,
+                          training_record(run.config, run.start_step, run.total_steps))
     actions, state, info, stopped, action_seconds = [], run.state, None, False, 0.0
     try:
         actions = default_actions(run, kid_extractor_factory)

@@ -12,6 +12,7 @@ everything later commands add to it::
       data_report.json      what the data loader used and skipped
       eval_cache/           real-image features and statistics of ddim eval
       eval.jsonl            one line per ddim eval
+      train.jsonl           one line per start of training: where it runs, which kernels ran its convolutions
       train.lock            held while ddim train runs
 """
 
@@ -29,6 +30,7 @@ DATA_CACHE = "data_cache"
 DATA_REPORT = "data_report.json"
 EVAL_CACHE = "eval_cache"
 EVAL_FILE = "eval.jsonl"
+TRAIN_FILE = "train.jsonl"
 LOCK_FILE = "train.lock"
 
 
@@ -83,6 +85,10 @@ class Workdir:
     @property
     def eval_file(self) -> Path:
         return self.root / EVAL_FILE
+
+    @property
+    def train_file(self) -> Path:
+        return self.root / TRAIN_FILE
 
     @property
     def lock_file(self) -> Path:
