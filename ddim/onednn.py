@@ -217,3 +217,11 @@ def _backward(residuals, gradient):
 
 
 conv2d.defvjp(_forward, _backward)
+
+
+def prepare_native_code() -> None:
+    """Build and load the native code a command that runs JAX uses, before its first trace: the oneDNN
+    convolutions (:func:`prepare`); and say, one line each, what runs slower for want of a compiler or headers
+    (the large-block layer was built, or not, when the process started: :func:`ddim.runtime.note_allocator_fallback`)."""
+    runtime.note_allocator_fallback()
+    prepare()

@@ -275,16 +275,6 @@ def note_allocator_fallback() -> None:
         note("allocator", LAYER_NOTE.format(reason=failure, fix=failure.fix))
 
 
-def prepare_native_code() -> None:
-    """Build and load the native code a command that runs JAX uses, before its first trace: the oneDNN
-    convolutions (:func:`ddim.onednn.prepare`); and say, one line each, what runs slower for want of a compiler
-    or headers (the large-block layer was built, or not, when the process started)."""
-    note_allocator_fallback()
-    from ddim import onednn
-
-    onednn.prepare()
-
-
 _restart_checked = False
 _started_tunables: str | None = None  # GLIBC_TUNABLES as this process started, once restart_with_fast_allocator ran
 

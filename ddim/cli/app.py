@@ -207,10 +207,10 @@ def setup_runtime(compilation_cache: Optional[str]) -> None:
 
     (The XLA flags were set when ``ddim`` was imported.)
     """
-    from ddim import runtime
+    from ddim import onednn, runtime
 
     runtime.enable_compilation_cache(compilation_cache)
-    runtime.prepare_native_code()
+    onednn.prepare_native_code()
 
 
 DATA_HELP = "Folder of your own training images (a shortcut for --set data.image_dir=PATH)."
