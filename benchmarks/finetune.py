@@ -1,6 +1,7 @@
 """Fine-tuned from flowers32-noise against trained from scratch, on images neither has seen: Fashion-MNIST at 32x32.
 
 Run:  python benchmarks/finetune.py export /data/fashion32 [--idx /usr/share/datasets/fashion-mnist]
+      python benchmarks/finetune.py export-small /data/small   [--idx ...]
       python benchmarks/finetune.py run --data /data/fashion32 --out runs/finetune-fashion --step-seconds S \
           [--minutes 10 30 90] [--per-class 0 100] [--arms scratch finetuned] [--num 1000]
       python benchmarks/finetune.py plot --out runs/finetune-fashion --png docs/images/finetune-fashion.png
@@ -23,6 +24,8 @@ second), so the comparison holds whatever else the machine does while it runs; b
 trains in segments up to each mark (a stop and a resume are exact), so the earlier marks are points of the one
 run. Every arm reaches a mark before any goes on to the next, so a stopped benchmark leaves comparable rows. Rows
 go to ``<out>/finetune.jsonl``; a rerun trains and scores only what is missing.
+
+``export-small`` writes the small folders that docs/own-images.md fine-tunes on (:data:`SMALL_FOLDERS`).
 
 ``table`` prints the rows as a Markdown table; ``plot`` draws FID against minutes for every arm (matplotlib:
 ``pip install -e ".[bench]"``).
@@ -111,6 +114,30 @@ def export(args) -> None:
             keep = first_per_class(labels, args.per_class)
             target = out / f"train-{args.per_class}"
             log(f"{part}: wrote {write_folder(target, images[keep], labels[keep]):,} images to {target}")
+
+
+SMALL_FOLDERS = {"fashion-20": ("train", ("dress", "sneaker"), 0, 10),
+                 "fashion-20-heldout": ("train", ("dress", "sneaker"), 10, 200),
+                 "fashion-500": ("train", CLASSES, 0, 50), "fashion-test-1000": ("t10k", CLASSES, 0, 100)}
+"""The small folders of docs/own-images.md: name -> (IDX file prefix, classes, first image of each class in file
+order, images of each class). fashion-20-heldout is the next 200 of fashion-20's classes, which its runs never
+see; fashion-test-1000 (from the test set) is what fashion-500's runs are scored against."""
+
+
+def export_small(args) -> None:
+    """The :data:`SMALL_FOLDERS` at 64x64 (bicubic from 28x28), so both 32x32 and 64x64 runs read them."""
+    from PIL import Image
+
+    for name, (prefix, classes, first, count) in SMALL_FOLDERS.items():
+        images, labels = (read_idx(Path(args.idx) / f"{prefix}-{kind}-idx{dims}-ubyte.gz")
+                          for kind, dims in (("images", 3), ("labels", 1)))
+        for class_name in classes:
+            rows = np.flatnonzero(labels == CLASSES.index(class_name))[first:first + count]
+            folder = Path(args.out) / name / class_name
+            folder.mkdir(parents=True, exist_ok=True)
+            for row in rows:
+                Image.fromarray(images[row]).resize((64, 64), Image.BICUBIC).save(folder / f"{row:05d}.png")
+        log(f"wrote {name}: {len(classes)} classes of {count} images to {Path(args.out) / name}")
 
 
 def steps_at(minutes: float, step_seconds: float) -> int:
@@ -219,6 +246,9 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     p.add_argument("out")
     p.add_argument("--idx", default=str(IDX), help="the folder of the four IDX files")
     p.add_argument("--per-class", type=int, default=100, help="images per class of the small training folder")
+    p = commands.add_parser("export-small", help="the small folders of docs/own-images.md at 64x64")
+    p.add_argument("out")
+    p.add_argument("--idx", default=str(IDX), help="the folder of the four IDX files")
     p = commands.add_parser("run", help="train and score both arms at each mark")
     p.add_argument("--data", required=True, help="the folder `export` wrote")
     p.add_argument("--out", required=True)
@@ -237,6 +267,8 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> None:
     args = parser.parse_args(argv)
     if args.command == "export":
         export(args)
+    elif args.command == "export-small":
+        export_small(args)
     elif args.command == "run":
         run(args, feature_extractor_factory)
     elif args.command == "table":

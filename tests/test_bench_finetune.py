@@ -44,6 +44,20 @@ def test_export_writes_folders_by_class_at_32_pixels(tmp_path):
     np.testing.assert_array_equal(first, resized)
 
 
+def test_export_small_writes_disjoint_folders_at_64_pixels(tmp_path):
+    bench = load_benchmark("finetune")
+    idx = fake_fashion(tmp_path / "idx", train=2500, test=1000)  # 250 of each class, 100 of each in the test set
+    bench.main(["export-small", str(tmp_path / "out"), "--idx", str(idx)])
+    counts = {name: len(list((tmp_path / "out" / name).rglob("*.png"))) for name in bench.SMALL_FOLDERS}
+    assert counts == {"fashion-20": 20, "fashion-20-heldout": 400, "fashion-500": 500, "fashion-test-1000": 1000}
+    assert sorted(p.name for p in (tmp_path / "out" / "fashion-20").iterdir()) == ["dress", "sneaker"]
+    names = {name: {p.name for p in (tmp_path / "out" / name).rglob("*.png")} for name in ("fashion-20",
+                                                                                         "fashion-20-heldout")}
+    assert not names["fashion-20"] & names["fashion-20-heldout"]  # the held-out images were never trained on
+    with Image.open(next((tmp_path / "out" / "fashion-500").rglob("*.png"))) as image:
+        assert image.size == (64, 64)
+
+
 def test_export_without_the_idx_files_is_one_error_line(tmp_path):
     bench = load_benchmark("finetune")
     with pytest.raises(SystemExit, match="^error: no Fashion-MNIST IDX file .*dataset-fashion-mnist"):

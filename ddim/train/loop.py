@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import jax
 
 from ddim import data as data_lib
-from ddim import parallel, runtime
+from ddim import onednn, parallel
 from ddim.checkpoint import Checkpointer, model_config_mismatch
 from ddim.config import Config
 from ddim.environment import training_record
@@ -59,7 +59,7 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
     ``kid_extractor_factory(image_size)`` replaces InceptionV3 for the KID
     monitor (tests inject a small random network; the CLI never does).
     """
-    runtime.prepare_native_code()  # before the first trace (the CLI's setup did it already)
+    onednn.prepare_native_code()  # before the first trace (the CLI's setup did it already)
     run = TrainingRun.prepare(config, workdir, log)
     if run.start_step >= run.total_steps:
         run.say(f"already trained for {run.start_step} steps (of {run.total_steps}); nothing to do")
@@ -235,6 +235,9 @@ class TrainingRun(RunOutputs):
             f"{workdir}{resuming}")
         if init_note and is_writer:
             say(init_note)
+        copying = data_lib.copying_warning(config, len(train_images), total_steps)
+        if copying and is_writer and start_step < total_steps:
+            say(copying)
         return cls(
             config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
             checkpointer, train_images, val_images, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
