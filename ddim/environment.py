@@ -132,10 +132,14 @@ def _human(size: int) -> str:
 
 
 def _ddim() -> dict[str, Any]:
-    import ddim
+    from importlib import metadata
 
-    location = Path(ddim.__file__).resolve().parent
-    return {"version": ddim.__version__, "location": str(location), "git": _git_commit(location.parent)}
+    location = Path(__file__).resolve().parent  # the package this module is part of, not its facade
+    try:
+        version = metadata.version("ddim")
+    except metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+        version = "not installed"
+    return {"version": version, "location": str(location), "git": _git_commit(location.parent)}
 
 
 def _git_commit(root: Path) -> str | None:
