@@ -145,21 +145,23 @@ def bench_sampling(config, state, num_images: int, steps: int, repeats: int) -> 
     import jax.numpy as jnp
 
     from ddim.model import DiffusionModel
-    from ddim.sampling import generate_fn
+    from ddim.sampling import programs
+    from ddim.spec import SamplingSpec
     from ddim.train.state import ema_variables
 
     model = DiffusionModel(config.model)
     variables = ema_variables(state)
-    fn = generate_fn(model)
-    rng = jax.random.key(0)
+    # The program `ddim sample` and Pipeline.generate run on each batch (ddim.sampling.programs.map_batches).
+    fn = programs.program_fn(programs.sample, model, SamplingSpec(steps=steps), num_images=num_images)
+    rng, eta = jax.random.key(0), jnp.float32(0)
     start = time.perf_counter()
-    compiled = fn.lower(variables, rng, num_images=num_images, diffusion_steps=steps, eta=jnp.float32(0)).compile()
+    compiled = fn.lower(variables, rng, eta, None).compile()
     compile_seconds = time.perf_counter() - start
-    compiled(variables, rng, eta=jnp.float32(0)).block_until_ready()
+    compiled(variables, rng, eta, None).block_until_ready()
     times = []
     for i in range(repeats):
         start = time.perf_counter()
-        compiled(variables, jax.random.key(i), eta=jnp.float32(0)).block_until_ready()
+        compiled(variables, jax.random.key(i), eta, None).block_until_ready()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     # FLOPs of one network evaluation at the sampling batch size (one DDIM step).

@@ -335,10 +335,6 @@ class Result(NamedTuple):
     trajectory: jax.Array | None
 
 
-def _lax_loop(cond, body, init):
-    return jax.lax.while_loop(lambda carry: cond(None, carry), lambda carry: body(None, carry), init)
-
-
 def run(
     denoise: Callable,
     schedule: Callable,
@@ -350,13 +346,10 @@ def run(
     rng=None,
     hook: Callable | None = None,
     keep_trajectory: bool = False,
-    loop: Callable = _lax_loop,
 ) -> Result:
     """Run ``sampler`` over ``grid`` from the state ``x``: one compiled loop, no Python loop over steps.
 
-    - ``denoise(context, x, noise_rates, signal_rates) -> (pred_noises, pred_images)``
-      is the network (``context`` is what ``loop`` passes: ``None`` for the plain
-      ``lax.while_loop``, the lifted module for ``flax.linen.while_loop``).
+    - ``denoise(x, noise_rates, signal_rates) -> (pred_noises, pred_images)`` is the network.
     - ``schedule(times) -> (noise_rates, signal_rates)``.
     - ``grid``: step ``i`` evaluates the network at ``grid.times[i]`` and lands
       on ``grid.next_times[i]``; the direction is the grid's (towards the data
@@ -368,7 +361,6 @@ def run(
     - ``hook(step, x, rates) -> x``: applied to the state before each network
       call (inpainting replaces the known region there).
     - ``keep_trajectory``: also return every step's data prediction, ``(S, *x.shape)``.
-    - ``loop(cond, body, init)``: ``cond(context, carry)``/``body(context, carry)``.
 
     Returns :class:`Result`: the state after the last step (the latent, for
     inversion), the last data prediction (the sample) and the trajectory.
@@ -381,13 +373,13 @@ def run(
         raise ValueError(f"the {sampler.name} sampler{' with eta > 0' if not sampler.fresh_noise else ''} needs an rng")
     trajectory = jnp.zeros((num_steps if keep_trajectory else 0, *x.shape), x.dtype)
 
-    def body(context, carry):
+    def body(carry):
         step, x, _, history, trajectory = carry
         time, next_time = grid.at(step)
         rates = Rates(*schedule(ones * time))
         if hook is not None:
             x = hook(step, x, rates)
-        pred_noises, pred_images = denoise(context, x, rates.noise, rates.signal)
+        pred_noises, pred_images = denoise(x, rates.noise, rates.signal)
         next_rates = Rates(*schedule(ones * next_time))
         fresh_noise = jax.random.normal(jax.random.fold_in(rng, step), x.shape, x.dtype) if fresh_noise_needed else None
         x, history = sampler.step(history, x, pred_noises, pred_images, rates, next_rates, eta, fresh_noise)
@@ -395,10 +387,10 @@ def run(
             trajectory = jax.lax.dynamic_update_index_in_dim(trajectory, pred_images, step, 0)
         return step + 1, x, pred_images, history, trajectory
 
-    def not_done(context, carry):
+    def not_done(carry):
         return carry[0] < num_steps
 
     # Before any step the "prediction" is the state itself (a zero-step grid returns x unchanged).
     carry = (jnp.zeros((), jnp.int32), x, x, sampler.init(x), trajectory)
-    _, x, pred_images, _, trajectory = loop(not_done, body, carry)
+    _, x, pred_images, _, trajectory = jax.lax.while_loop(not_done, body, carry)
     return Result(x, pred_images, trajectory if keep_trajectory else None)

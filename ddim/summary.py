@@ -7,7 +7,6 @@ the input pipeline's dependency; it is imported only when a writer is made).
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
@@ -110,23 +109,6 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-
-
-class Throughput:
-    """Images per second between successive calls of :meth:`measure`."""
-
-    def __init__(self):
-        self._time = time.perf_counter()
-        self._images = 0
-
-    def add(self, images: int) -> None:
-        self._images += images
-
-    def measure(self) -> float:
-        now = time.perf_counter()
-        rate = self._images / max(now - self._time, 1e-9)
-        self._time, self._images = now, 0
-        return rate
 
 
 @dataclass

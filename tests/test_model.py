@@ -10,7 +10,7 @@ from ddim.config import ModelConfig
 from ddim.model import DiffusionModel, init_variables
 from ddim.nn import ResidualBlock, UNet, sinusoidal_embedding
 from ddim.nn.layers import BatchNorm
-from ddim.sampling import generate_fn, process
+from ddim.sampling import map_batches, process, programs
 from ddim.spec import SamplingSpec
 from tests.conftest import normal, run_once, tiny_config, uniform
 
@@ -118,11 +118,13 @@ def tiny_model_and_variables():
 
 def test_generate_shape_range_and_determinism(tiny_model_and_variables):
     model, variables = tiny_model_and_variables
-    generate = generate_fn(model)
-    a = generate(variables, jax.random.key(0), num_images=3, diffusion_steps=4, eta=0.0)
-    b = generate(variables, jax.random.key(0), num_images=3, diffusion_steps=4, eta=0.0)
-    c = generate(variables, jax.random.key(1), num_images=3, diffusion_steps=4, eta=0.0)
-    assert a.shape == (3, 16, 16, 3) and a.dtype == jnp.float32
+
+    def generate(seed):  # the seeded sampling program of ddim sample and Pipeline.generate, before uint8
+        return map_batches(programs.sample, model, variables, SamplingSpec(steps=4), count=3,
+                           traced=(jnp.float32(0),), seed=seed)
+
+    a, b, c = generate(0), generate(0), generate(1)
+    assert a.shape == (3, 16, 16, 3) and a.dtype == np.float32
     assert 0.0 <= float(a.min()) and float(a.max()) <= 1.0
     np.testing.assert_array_equal(a, b)
     assert float(jnp.abs(a - c).mean()) > 1e-3

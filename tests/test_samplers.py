@@ -102,7 +102,7 @@ def test_every_sampler_is_exact_when_the_data_is_one_point(spacing):
     """If all data is x0, the exact data prediction is x0 everywhere and every update is exact."""
     x0 = jnp.linspace(-1.0, 1.0, 16)
 
-    def denoise(context, x, noise_rates, signal_rates):
+    def denoise(x, noise_rates, signal_rates):
         pred_noises = (x - signal_rates * x0) / noise_rates
         return pred_noises, diffusion.predict_images(x, pred_noises, noise_rates, signal_rates)
 
@@ -117,7 +117,7 @@ def test_every_sampler_is_exact_when_the_data_is_one_point(spacing):
 MU, SCALE = 0.3, 0.5
 
 
-def gaussian_denoise(context, x, noise_rates, signal_rates):
+def gaussian_denoise(x, noise_rates, signal_rates):
     pred_noises = noise_rates * (x - signal_rates * MU) / (signal_rates**2 * SCALE**2 + noise_rates**2)
     return pred_noises, diffusion.predict_images(x, pred_noises, noise_rates, signal_rates)
 
@@ -128,7 +128,7 @@ def exact_gaussian_sample(noise, end_time):
     end_noise, end_signal = schedule(end_time)
     z = (noise - start_signal * MU) / jnp.sqrt(start_signal**2 * SCALE**2 + start_noise**2)
     x = end_signal * MU + jnp.sqrt(end_signal**2 * SCALE**2 + end_noise**2) * z
-    return gaussian_denoise(None, x, end_noise, end_signal)[1]
+    return gaussian_denoise(x, end_noise, end_signal)[1]
 
 
 @functools.cache

@@ -361,9 +361,5 @@ def _copy_rows(directory: Path, old_index: dict, writer: cache_lib.EntryWriter, 
     old.close()
 
 
-def skipped_counts(index: dict) -> Counter:
-    return Counter(item["reason"] for item in index.get("skipped", []))
-
-
 def reason_text(reason: str) -> str:
     return REASONS.get(reason, reason)

@@ -87,10 +87,6 @@ def copying_warning(config: Config, num_train_images: int, total_steps: int) -> 
             f"training images (docs/own-images.md#how-long-to-train): --set train.max_images={images} stops there")
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-    return (seed * 1_000_003 + epoch) % (2**31 - 1)
-
-
 def epoch_order(num_images: int, config: Config, epoch: int) -> np.ndarray:
     """The image index of every position of epoch ``epoch``: the images repeated
     ``data.dataset_repetitions`` times under one global random permutation, seeded by ``(seed, epoch)``."""

@@ -13,7 +13,7 @@
 
 from ddim.sampling.inputs import check_latents, prepare_images, prepare_masks
 from ddim.sampling.pipeline import Pipeline, Reconstruction, load
-from ddim.sampling.programs import generate_fn, generate_images, map_batches
+from ddim.sampling.programs import generate_images, map_batches
 from ddim.spec import SamplingSpec
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "Reconstruction",
     "SamplingSpec",
     "check_latents",
-    "generate_fn",
     "generate_images",
     "load",
     "map_batches",

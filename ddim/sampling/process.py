@@ -47,7 +47,7 @@ def reverse_process(model, variables, x, grid, spec: SamplingSpec, eta=0.0, rng=
     """Run ``spec``'s sampler over ``grid`` from ``x`` (normalised units) in one compiled loop."""
     denoise = spec_denoiser(model, variables, spec)
 
-    def call(context, noisy_images, noise_rates, signal_rates):
+    def call(noisy_images, noise_rates, signal_rates):
         return denoise(noisy_images, noise_rates, signal_rates, cond)
 
     return samplers.run(call, model.objective.schedule, x, grid, spec.sampler, eta=eta, rng=rng, hook=hook,

@@ -30,28 +30,6 @@ def program_spec(spec: SamplingSpec) -> SamplingSpec:
     return spec.static
 
 
-@functools.cache
-def generate_fn(model: DiffusionModel, out_sharding=None) -> Callable:
-    """``f(variables, rng, num_images, diffusion_steps, eta, sampler="ddim", spacing="uniform") -> float images``, jitted.
-
-    ``num_images``, ``diffusion_steps``, ``sampler`` and ``spacing`` are static
-    (the loop, its length and the array shapes: one compiled loop per
-    combination); ``eta`` is traced, so changing it does not recompile. With
-    ``out_sharding`` (batch-sharded over a mesh) XLA splits the whole sampler
-    along the batch. Cached per model (flax modules are hashable dataclasses).
-    """
-
-    def generate(variables, rng, num_images, diffusion_steps, eta, sampler="ddim", spacing="uniform"):
-        spec = SamplingSpec(steps=diffusion_steps, sampler=sampler, spacing=spacing)
-        return process.generate(model, variables, rng, num_images, spec, eta=eta)
-
-    return jax.jit(
-        generate,
-        static_argnames=("num_images", "diffusion_steps", "sampler", "spacing"),
-        out_shardings=out_sharding,
-    )
-
-
 # --- the programs: (model, variables, rng, *batch arrays, *traced scalars, cond, **statics) ----------------------
 
 
@@ -84,6 +62,14 @@ def inpaint(model, variables, rng, images, masks, eta, cond, *, spec):
 def _jitted(program: Callable, model: DiffusionModel, out_sharding, statics: tuple) -> Callable:
     """``program`` jitted for one model, output sharding and set of static settings (one compile each)."""
     return jax.jit(functools.partial(program, model, **dict(statics)), out_shardings=out_sharding)
+
+
+def program_fn(program: Callable, model: DiffusionModel, spec: SamplingSpec, *, num_images: int | None = None,
+               out_sharding=None) -> Callable:
+    """``program`` as :func:`map_batches` runs it on a batch: bound to ``model``, ``spec``'s static settings and (for
+    seeded sampling) ``num_images``, jitted once per combination; ``f(variables, rng, *batch arrays, *traced, cond)``."""
+    statics = (("spec", program_spec(spec)),) + ((("num_images", num_images),) if num_images is not None else ())
+    return _jitted(program, model, out_sharding, statics)
 
 
 def _place(array: np.ndarray, sharding) -> jax.Array:
@@ -137,8 +123,7 @@ def map_batches(
         out_sharding = sharding
         if batch_axis != 0 and split:
             out_sharding = NamedSharding(mesh, PartitionSpec(*([None] * batch_axis), parallel.DATA_AXIS))
-        statics = (("spec", program_spec(spec)),) + ((("num_images", size),) if not arrays else ())
-        fn = _jitted(program, model, out_sharding, statics)
+        fn = program_fn(program, model, spec, num_images=None if arrays else size, out_sharding=out_sharding)
         batch = [_place(array[start : start + size], sharding) for array in arrays]
         batch_cond = jax.tree.map(lambda leaf: _place(leaf[start : start + size], sharding), cond)
         result = fn(variables, jax.random.fold_in(base, index), *batch, *traced, batch_cond)
