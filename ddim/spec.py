@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import string
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -68,12 +69,56 @@ FEW_STEPS_MEASURED_ON = ("flowers32-noise",)
 models of their image size only (32x32: at 64x64 fewer steps were never compared)."""
 
 
-class SpecError(InputError):
-    """A bad sampling setting: the message for Python callers, and ``cli_message`` naming the command-line option."""
+WORDS: dict[str, tuple[str, str]] = {
+    "steps": ("the number of diffusion steps", "{} steps"),
+    "sampler": ("sampler", "the {} sampler"),
+    "spacing": ("spacing", "the {} grid"),
+    "eta": ("eta", "eta {}"),
+    "guidance": ("the guidance scale", "guidance scales {}"),
+    "clip": ("clip", "clip {}"),
+}
+"""How a :class:`SpecError` names each field for a Python caller, alone and with a value; the command line names
+it by its option, ``--<field>`` (``--<field> <value>``)."""
 
-    def __init__(self, message: str, cli_message: str):
-        super().__init__(message)
-        self.cli_message = cli_message
+
+class _Wording(string.Formatter):
+    """Fills a :class:`SpecError` template: ``{field}`` and ``{field:value}`` name a field of :data:`WORDS` (in
+    Python's words, or as the command-line option), any other ``{name}`` is a value given to the error."""
+
+    def __init__(self, cli: bool):
+        super().__init__()
+        self.cli = cli
+
+    def get_value(self, key, args, kwargs):
+        return _Field(key) if key in WORDS else kwargs[key]
+
+    def format_field(self, value, format_spec):
+        if not isinstance(value, _Field):
+            return super().format_field(value, format_spec)
+        if self.cli:
+            return f"--{value.name} {format_spec}" if format_spec else f"--{value.name}"
+        alone, with_value = WORDS[value.name]
+        return with_value.format(format_spec) if format_spec else alone
+
+
+class _Field(NamedTuple):
+    name: str
+
+
+class SpecError(InputError):
+    """A bad sampling setting, worded once: its message for Python callers, and ``cli_message`` naming the
+    command-line option.
+
+    ``template`` names fields as ``{steps}`` or ``{steps:4}`` (:data:`WORDS`) and other values as ``{name}`` (given
+    as keywords); ``got``, the value refused, ends the message (", got 0"; on the command line " (got 0)").
+    """
+
+    def __init__(self, template: str, got: Any = None, **values: Any):
+        messages = [_Wording(cli).format(template, **values) for cli in (False, True)]
+        if got is not None:
+            messages = [messages[0] + f", got {got}", messages[1] + f" (got {got})"]
+        super().__init__(messages[0])
+        self.cli_message = messages[1]
 
 
 def _names(registry) -> str:
@@ -109,32 +154,27 @@ class SamplingSpec:
     def __post_init__(self):
         steps = self.steps
         if isinstance(steps, bool) or not isinstance(steps, int) and not _is_numpy_integer(steps) or steps < 1:
-            raise SpecError(f"the number of diffusion steps must be an integer >= 1, got {steps!r}",
-                            f"--steps must be >= 1 (got {steps})")
+            raise SpecError("{steps} must be an integer >= 1", got=repr(steps))
         object.__setattr__(self, "steps", int(steps))
         for field, registry in (("sampler", SAMPLERS), ("spacing", SPACINGS)):
             name = getattr(self, field)
             if not isinstance(name, str) or name not in registry:
-                choices = _names(registry)
-                raise SpecError(f"unknown {field} {name!r} (choose from {choices})",
-                                f"unknown --{field} {name!r} (choose from {choices})")
+                raise SpecError(f"unknown {{{field}}} {{name!r}} (choose from {{choices}})", name=name,
+                                choices=_names(registry))
         eta = _number("eta", self.eta)
         if not eta >= 0:
-            raise SpecError(f"eta must be >= 0, got {self.eta}", f"--eta must be >= 0 (got {self.eta})")
+            raise SpecError("{eta} must be >= 0", got=self.eta)
         if eta > 0 and not SAMPLERS[self.sampler].stochastic:
             kind = "takes no eta" if SAMPLERS[self.sampler].consistency else "is deterministic"
-            raise SpecError(f"eta > 0 needs the ddim sampler ({self.sampler} {kind}), got eta {eta:g}",
-                            f"--eta > 0 needs --sampler ddim ({self.sampler} {kind})")
+            raise SpecError("{eta} > 0 needs {sampler:ddim} ({name} {kind})", name=self.sampler, kind=kind)
         object.__setattr__(self, "eta", eta)
         if self.guidance is not None:
             guidance = _number("guidance", self.guidance)
             if not guidance >= 0:
-                raise SpecError(f"the guidance scale must be >= 0, got {self.guidance}",
-                                f"--guidance must be >= 0 (got {self.guidance})")
+                raise SpecError("{guidance} must be >= 0", got=self.guidance)
             object.__setattr__(self, "guidance", guidance)
         if not isinstance(self.clip, bool):
-            raise SpecError(f"clip must be True or False, got {self.clip!r}",
-                            f"--clip takes no value (got {self.clip!r})")
+            raise SpecError("{clip} must be True or False", got=repr(self.clip))
 
     @property
     def static(self) -> "SamplingSpec":
@@ -206,10 +246,10 @@ def _number(name: str, value) -> float:
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise SpecError(f"{name} must be a number, got {value!r}", f"--{name} must be a number (got {value!r})")
+        raise SpecError(f"{{{name}}} must be a number", got=repr(value))
     number = float(value)
     if not math.isfinite(number):
-        raise SpecError(f"{name} must be a finite number, got {value!r}", f"--{name} must be a finite number (got {value})")
+        raise SpecError(f"{{{name}}} must be a finite number", got=repr(value))
     return number
 
 
@@ -261,45 +301,31 @@ class SamplingRules:
         if self.distilled:
             self._check_student(spec)
         elif SAMPLERS[spec.sampler].consistency:
-            raise SpecError(f"{self.name} is a diffusion model; the {spec.sampler} sampler is for consistency "
-                            "students (ddim distill --method consistency)",
-                            f"--sampler {spec.sampler} is for consistency students, and {self.name} is a diffusion "
-                            f"model (choose from {', '.join(n for n, k in SAMPLERS.items() if not k.consistency)})")
+            raise SpecError("{sampler:{name}} is for consistency students, and {model} is a diffusion model (choose "
+                            "from {choices})", name=spec.sampler, model=self.name,
+                            choices=_names(name for name, kind in SAMPLERS.items() if not kind.consistency))
         if self.guidance_range and spec.guidance is not None:
             low, high = self.guidance_range
             if not low <= spec.guidance <= high:
-                raise SpecError(f"{self.name} was distilled for guidance scales {low:g} to {high:g}, "
-                                f"not {spec.guidance:g}",
-                                f"{self.name} was distilled for --guidance {low:g} to {high:g} "
-                                f"(got {spec.guidance:g})")
+                raise SpecError("{model} was distilled for {guidance:{low:g} to {high:g}}", got=f"{spec.guidance:g}",
+                                model=self.name, low=low, high=high)
         return spec
 
     def _check_student(self, spec: SamplingSpec) -> None:
         counts = self.step_counts or (self.distilled_steps,)
         if spec.steps not in counts:
-            if len(counts) == 1:
-                raise SpecError(f"{self.name} is distilled for {counts[0]} steps and samples with no other count "
-                                f"(got {spec.steps})",
-                                f"{self.name} is distilled for --steps {counts[0]} only (got --steps {spec.steps}); "
-                                "leave out --steps")
-            listed = ", ".join(str(count) for count in counts)
-            raise SpecError(f"{self.name} is distilled for {listed} steps and samples with no other count "
-                            f"(got {spec.steps})",
-                            f"{self.name} is distilled for --steps {listed} only (got --steps {spec.steps})")
+            raise SpecError("{model} is distilled for {steps:{counts}} only", got=spec.steps, model=self.name,
+                            counts=_names(str(count) for count in counts))
         if (spec.sampler, spec.spacing, spec.eta) != (self.sampler, "uniform", 0.0):
             what = ("deterministic DDIM steps" if self.sampler == "ddim"
                     else f"{self.sampler} sampling") + " on the uniform grid"
-            raise SpecError(f"{self.name} is distilled for {what}, not sampler {spec.sampler!r}, spacing "
-                            f"{spec.spacing!r}, eta {spec.eta:g}",
-                            f"{self.name} is distilled for --sampler {self.sampler} --spacing uniform --eta 0 only; "
-                            "leave those options out")
+            raise SpecError("{model} is distilled for {what} only; leave out {sampler}, {spacing} and {eta}",
+                            model=self.name, what=what)
 
     def refuse_ode(self, verb: str) -> None:
         """A student has no probability-flow ODE to run backwards or from part way: ``verb`` needs the teacher."""
         if self.distilled:
             teacher = f" ({self.teacher})" if self.teacher else ""
-            raise SpecError(f"{self.name} is a distilled student: it samples from pure noise on its "
-                            f"{self.distilled_steps}-step grid and cannot {verb}; use the diffusion model it was "
-                            f"distilled from{teacher}",
-                            f"{self.name} is a distilled student and cannot {verb}; use the diffusion model it "
-                            f"was distilled from{teacher}")
+            raise SpecError("{model} is a distilled student: it samples from pure noise on its {count}-step grid and "
+                            "cannot {verb}; use the diffusion model it was distilled from{teacher}", model=self.name,
+                            count=self.distilled_steps, verb=verb, teacher=teacher)
