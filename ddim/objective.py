@@ -58,10 +58,6 @@ import jax.numpy as jnp
 from ddim import diffusion
 from ddim.config import Config, ModelConfig
 
-PREDICTIONS = ("noise", "velocity", "image")
-LOSSES = ("mae", "mse")
-WEIGHTINGS = ("none", "min-snr", "p2")
-
 
 def snr(noise_rates, signal_rates):
     """Signal-to-noise ratio ``alpha^2 / sigma^2`` (Kingma et al. 2021, eq. 2)."""

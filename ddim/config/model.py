@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from ddim.config.parsing import ConfigError, at_least, choice
 
+PREDICTIONS = ("noise", "velocity", "image")
+"""What a network can predict (:class:`ddim.objective.Objective` turns each into noise and image)."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -105,7 +108,7 @@ def validate_model(m: ModelConfig) -> None:
     if m.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {m.dtype!r}")
     at_least(1, {"model.block_depth": m.block_depth, "model.channels": m.channels})
-    choice("model.prediction", m.prediction, ("noise", "velocity", "image"))
+    choice("model.prediction", m.prediction, PREDICTIONS)
     choice("model.embedding_injection", m.embedding_injection, ("input", "every-block"))
     choice("model.class_embedding", m.class_embedding, ("noise-features", "adm"))
     if m.class_conditional and m.class_embedding == "adm" and m.embedding_injection != "every-block":

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 from ddim.config.parsing import ConfigError, at_least, choice
 
+LOSSES = ("mae", "mse")
+"""The errors of the prediction target a run can train with (:class:`ddim.objective.Objective`)."""
+WEIGHTINGS = ("none", "min-snr", "p2")
+"""The per-example weightings of the loss by noise level (:mod:`ddim.objective`)."""
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -120,8 +125,8 @@ def validate_train(t: TrainConfig) -> None:
         raise ConfigError("train.kid_images must be 0 (off) or >= 2")
     if t.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate must be > 0, got {t.learning_rate}")
-    choice("train.loss", t.loss, ("mae", "mse"))
-    choice("train.loss_weighting", t.loss_weighting, ("none", "min-snr", "p2"))
+    choice("train.loss", t.loss, LOSSES)
+    choice("train.loss_weighting", t.loss_weighting, WEIGHTINGS)
     choice("train.lr_schedule", t.lr_schedule, ("constant", "cosine"))
     if not 0.0 <= t.label_dropout <= 1.0:
         raise ConfigError(f"train.label_dropout must be in [0, 1], got {t.label_dropout}")
