@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 import ddim  # noqa: E402  (sets the XLA flags before JAX starts)
 from ddim import runtime  # noqa: E402
+from ddim.workdir import Workdir  # noqa: E402
 from ddim.workdir.records import append_record, read_records  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,11 +65,8 @@ def key(row: dict) -> tuple:
 
 def find_students(root: Path) -> dict[int, Path]:
     """The students of a ``ddim distill`` work directory by every step count they sample with."""
-    from ddim.distill.loop import STUDENTS
-    from ddim.workdir import Workdir
-
     found = {}
-    for path in sorted((root / STUDENTS).glob("*")):
+    for path in sorted(Workdir(root).students.glob("*")):
         if Workdir(path).checkpoints.is_dir():
             found.update({steps: path for steps in ddim.load(path).rules.step_counts})
     return found
@@ -113,7 +111,7 @@ def seconds_for_16(source, spec, repeats: int = 3) -> float:
 def training_cost(students: Path) -> list[dict]:
     """Optimiser steps and wall seconds of each phase, summed over the stretches ``distill.jsonl`` records."""
     phases: dict[tuple, dict] = {}
-    for record in read_records(students / "distill.jsonl")[1:]:
+    for record in read_records(Workdir(students).distill_file)[1:]:
         phase = phases.setdefault((record["phase"], record["student_steps"]),
                                   {"phase": record["phase"], "student_steps": record["student_steps"], "steps": 0,
                                    "seconds": 0.0})

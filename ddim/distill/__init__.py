@@ -9,6 +9,6 @@
 - :mod:`~ddim.distill.loop`: ``distill(teacher, workdir)``, setting a run up and training phase after phase.
 """
 
-from ddim.distill.loop import DistillResult, distill, run_config, students_dir
+from ddim.distill.loop import DistillResult, distill, run_config
 
-__all__ = ["DistillResult", "distill", "run_config", "students_dir"]
+__all__ = ["DistillResult", "distill", "run_config"]

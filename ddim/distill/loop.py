@@ -53,16 +53,6 @@ from ddim.train.stop import StopRequest
 from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 from ddim.workdir.records import append_record, read_records
 
-STUDENTS = "students"
-RECORDS = "distill.jsonl"
-
-
-def students_dir(workdir: str | Path, steps: int | str) -> Path:
-    """The work directory of the finished student of ``steps`` steps (or ``"consistency"``) inside a distillation
-    work directory."""
-    return Path(workdir) / STUDENTS / str(steps)
-
-
 def teacher_identity(source: str | Path) -> str:
     """How ``distill.jsonl`` and the students' configs name a teacher: ``pretrained:NAME``, or the absolute path."""
     from ddim.pretrained.registry import pretrained_name
@@ -249,8 +239,12 @@ class DistillationRun(RunOutputs):
         index = self.phases.index(phase)
         if index == 0:
             return self.teacher_model, self.teacher_variables
-        previous = load_ema(students_dir(self.workdir, self.phases[index - 1].student_name))
+        previous = load_ema(self.student_dir(self.phases[index - 1]))
         return DiffusionModel(previous.config.model), previous.variables
+
+    def student_dir(self, phase: Phase) -> Path:
+        """The work directory of ``phase``'s finished student."""
+        return Workdir(self.workdir).student(phase.student_name)
 
     def student_config(self, phase: Phase) -> Config:
         return plan_lib.student_config(self.config, phase, self.teacher_name)
@@ -291,7 +285,7 @@ class DistillationRun(RunOutputs):
         """The students written so far, by every step count each samples with."""
         found = {}
         for phase in self.phases:
-            path = students_dir(self.workdir, phase.student_name)
+            path = self.student_dir(phase)
             if Workdir(path).checkpoints.is_dir():
                 counts = SamplingRules.of(self.student_config(phase).model).step_counts
                 found.update({count: path for count in counts})
@@ -332,7 +326,7 @@ class DistillationRun(RunOutputs):
             raise
         finally:
             if info is not None:
-                append_record(Workdir(self.workdir).root / RECORDS, {
+                append_record(Workdir(self.workdir).distill_file, {
                     "phase": phase.kind, "student_steps": phase.student_steps, "from_step": first,
                     "to_step": info.step, "seconds": round(time.perf_counter() - started, 3),
                     "loss": metrics.last_mean.get("loss"), **run_fields(config.model.dtype)})
@@ -341,7 +335,7 @@ class DistillationRun(RunOutputs):
     def _export(self, phase: Phase, state: TrainState) -> Path:
         """Save ``state``, the end of ``phase``, as its student ``students/<N>`` (a checkpoint of its own)."""
         config = self.student_config(phase)
-        target = students_dir(self.workdir, phase.student_name)
+        target = self.student_dir(phase)
         checkpointer = Checkpointer(Workdir(target).checkpoints, keep=1)
         try:
             checkpointer.save(int(state.step), state_lib.state_to_dict(state), config)
@@ -355,17 +349,17 @@ class DistillationRun(RunOutputs):
     def _ensure_exported(self, phase: Phase, state: TrainState | None, step: int) -> None:
         """A finished phase has its student; one missing (a stop between the last save and the export) is made
         from the resumed state when that is the phase's end."""
-        if Workdir(students_dir(self.workdir, phase.student_name)).checkpoints.is_dir():
+        if Workdir(self.student_dir(phase)).checkpoints.is_dir():
             return
         if step != phase.end or state is None:
             raise TrainingError(f"the {phase.student_name}-step student of this run is missing from "
-                                f"{students_dir(self.workdir, phase.student_name)}; use another --workdir")
+                                f"{self.student_dir(phase)}; use another --workdir")
         self._export(phase, state)
 
 
 def _check_teacher_record(workdir: Path, source: str, step: int | None) -> None:
     """The first record of ``distill.jsonl`` names the teacher; a resumed run must have the same one."""
-    path = workdir / RECORDS
+    path = Workdir(workdir).distill_file
     first = next(iter(read_records(path)), None)
     if first is None:
         workdir.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from ddim.model import DiffusionModel
 from ddim.summary import Progress, Report, format_metrics
 from ddim.train import state as state_lib
 from ddim.train.state import TrainState
-from ddim.workdir.layout import BEST, Workdir
+from ddim.workdir.layout import Workdir
 
 
 class TrainingError(UserError, RuntimeError):
@@ -309,8 +309,6 @@ class KidMonitor(PeriodicAction):
     one step, the one with the lowest saved ``kid`` metric; a resumed run
     compares against it.
     """
-
-    BEST_DIR = BEST
 
     def __init__(self, config: Config, workdir: Path, model: DiffusionModel, extractor, real_features: np.ndarray):
         self.when = Every(epochs=config.train.eval_every, at_end=True)

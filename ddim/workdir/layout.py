@@ -14,6 +14,8 @@ everything later commands add to it::
       eval.jsonl            one line per ddim eval
       train.jsonl           one line per start of training: where it runs, which kernels ran its convolutions
       train.lock            held while ddim train runs
+      students/<N>/         ddim distill's students, each a work directory of its own
+      distill.jsonl         ddim distill's teacher and stretches of training
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ EVAL_CACHE = "eval_cache"
 EVAL_FILE = "eval.jsonl"
 TRAIN_FILE = "train.jsonl"
 LOCK_FILE = "train.lock"
+STUDENTS = "students"
+DISTILL_FILE = "distill.jsonl"
 
 
 @dataclass(frozen=True)
@@ -93,3 +97,15 @@ class Workdir:
     @property
     def lock_file(self) -> Path:
         return self.root / LOCK_FILE
+
+    @property
+    def students(self) -> Path:
+        return self.root / STUDENTS
+
+    def student(self, name: int | str) -> Path:
+        """The work directory of a distillation run's student of ``name`` steps (or ``"consistency"``)."""
+        return self.students / str(name)
+
+    @property
+    def distill_file(self) -> Path:
+        return self.root / DISTILL_FILE

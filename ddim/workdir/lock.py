@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from ddim.errors import UserError, environment_error, first_line
-from ddim.workdir.layout import LOCK_FILE
+from ddim.workdir.layout import Workdir
 
 try:  # POSIX; elsewhere the file's content is the only lock
     import fcntl
@@ -141,7 +141,7 @@ class WorkdirLock:
 
     def __init__(self, workdir: str | Path):
         self.workdir = Path(workdir).absolute()
-        self.path = self.workdir / LOCK_FILE
+        self.path = Workdir(self.workdir).lock_file
         self._fd: int | None = None
 
     @property
@@ -228,7 +228,7 @@ def live_holder(workdir: str | Path) -> Holder | None:
     Takes a shared lock for an instant, so it never blocks a trainer for longer
     than that; a trainer starting in that instant retries (see ``acquire``).
     """
-    path = Path(workdir) / LOCK_FILE
+    path = Workdir(workdir).lock_file
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
