@@ -1,7 +1,5 @@
 """The periodic actions' interface (ddim/train/actions.py): triggers, the metrics buffer, the best checkpoint."""
 
-import json
-
 import jax
 import numpy as np
 import pytest
@@ -41,8 +39,8 @@ def test_metrics_buffer_fetches_averages_and_refuses_non_finite_losses():
         buffer.fetch(6)
 
 
-def test_kid_monitor_compares_with_the_best_saved_kid_and_with_a_legacy_best_json(tmp_path):
-    """``best/`` written by orbax with the metric, and by earlier versions (no metric, best.json)."""
+def test_kid_monitor_compares_with_the_best_saved_kid(tmp_path):
+    """``best/`` as orbax writes it, with the metric."""
     config = tiny_config("train.kid_images=8")
     state_dict = state_lib.state_to_dict(state_lib.create_train_state(config, jax.random.key(0)))
     fresh = actions.KidMonitor(config, tmp_path / "fresh", model=None, extractor=None, real_features=None)
@@ -56,17 +54,9 @@ def test_kid_monitor_compares_with_the_best_saved_kid_and_with_a_legacy_best_jso
     monitor = actions.KidMonitor(config, tmp_path / "new", model=None, extractor=None, real_features=None)
     assert monitor.best == 0.25 and monitor.best_checkpoints.all_steps() == [8]
     monitor.finish(None, None)
-
-    legacy = Checkpointer(tmp_path / "old" / "best", keep=1)
-    legacy.save(6, state_dict, config)
-    legacy.close()
-    (tmp_path / "old" / "best" / "best.json").write_text(json.dumps({"kid": 0.125, "step": 6}))
-    monitor = actions.KidMonitor(config, tmp_path / "old", model=None, extractor=None, real_features=None)
-    assert monitor.best == 0.125
-    monitor.finish(None, None)
     import ddim
 
-    assert ddim.load(tmp_path / "old" / "best").step == 6
+    assert ddim.load(tmp_path / "new" / "best").step == 8
 
 
 def test_train_log_rates_the_images_its_steps_trained_and_times_the_first_step_apart():

@@ -73,17 +73,19 @@ def select_real(images: np.ndarray, real_num: int | None) -> np.ndarray:
     return images[index]
 
 
-def _load_cached(path: Path) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """``(features, labels)`` of a cache file (labels None in files written before they were kept)."""
+def _load_cached(path: Path, labelled: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(features, labels)`` of a cache file, labels None in a file of images given without them; None (recompute)
+    when it is missing or unreadable, or ``labelled`` and it has no labels."""
     try:
         with np.load(path) as data:
             features = np.asarray(data["features"], np.float32)
             labels = np.asarray(data["labels"], np.int32) if "labels" in data.files else None
     except Exception:  # missing, truncated or foreign file: recompute
         return None
-    if features.ndim != 2 or not len(features):
+    labels = labels if labels is not None and labels.shape == features.shape[:1] else None
+    if features.ndim != 2 or not len(features) or labelled and labels is None:
         return None
-    return features, (labels if labels is not None and labels.shape == features.shape[:1] else None)
+    return features, labels
 
 
 def _save_cached(path: Path, features: np.ndarray, meta: dict[str, Any], labels: np.ndarray | None = None) -> None:
@@ -96,18 +98,6 @@ def _save_cached(path: Path, features: np.ndarray, meta: dict[str, Any], labels:
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
     np.savez(tmp, features=features, mu=mu, sigma=sigma, meta=np.array(json.dumps(meta)), **extra)
     os.replace(tmp, path)
-
-
-def _add_labels(path: Path, labels: np.ndarray, log) -> None:
-    """Add the labels to a cache file written before they were kept (its key and features stay as they are)."""
-    try:
-        with np.load(path) as data:
-            arrays = {name: data[name] for name in data.files}
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **arrays, labels=np.asarray(labels, np.int32))
-        os.replace(tmp, path)
-    except OSError as error:  # only costs reading the labels from the data again next time
-        log(f"warning: cannot add the labels to {path}: {error.strerror or error}")
 
 
 def load_real_stats(path: str | os.PathLike) -> dict[str, Any]:
@@ -181,10 +171,9 @@ def labelled_real_features(
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """:func:`real_features` and the int32 class label of each image (-1: no class), from the same cache files.
 
-    Files cached before the labels were kept get them added (read from the
-    data cache's index, no pixels). For ``"all"``, when the ``train`` and
-    ``val`` features are cached the ``all`` features are their concatenation
-    (the order of :func:`ddim.data.load_split`), so no image is featurised twice.
+    For ``"all"``, when the ``train`` and ``val`` features are cached the
+    ``all`` features are their concatenation (the order of
+    :func:`ddim.data.load_split`), so no image is featurised twice.
     """
     features, labels = _real(config, split, real_num, extractors, cache_dir, log or _quiet, show_progress, None,
                              data_cache, labelled=True)
@@ -204,7 +193,7 @@ def _real(config: Config, split: str, real_num: int | None, extractors: Sequence
     fingerprint = data_lib.split_fingerprint(config, split)  # a folder's files (a scan, no decoding)
     cache = Path(cache_dir) if cache_dir is not None else None
     paths = [_cache_path(cache, config, split, real_num, ex, fingerprint) if cache else None for ex in extractors]
-    cached = [_load_cached(p) if p is not None else None for p in paths]
+    cached = [_load_cached(p, labelled) if p is not None else None for p in paths]
     for path in dict.fromkeys(p for p, hit in zip(paths, cached) if hit is not None):
         log(f"real features: {len(cached[paths.index(path)][0])} images from the cache {path}")
     results: list[np.ndarray | None] = [hit[0] if hit is not None else None for hit in cached]
@@ -225,14 +214,9 @@ def _real(config: Config, split: str, real_num: int | None, extractors: Sequence
             if paths[index] is not None and paths[index] not in stored:
                 stored.add(paths[index])
                 _store(paths[index], features, _meta(config, split, real_num, extractors[index]), labels, log)
-    if labelled and labels is None:  # every file was cached before the labels were kept
-        labels = select_real(data_lib.load_split_labels(config, split, data_cache, log), real_num)
     if labels is not None and len(labels) != len(results[0]):
         raise EvaluationError(f"the cached real features of split {split!r} are not of its {len(labels)} images; "
                               f"delete {cache} to recompute them")
-    if labelled:
-        for path in dict.fromkeys(p for p, hit in zip(paths, cached) if hit is not None and hit[1] is None):
-            _add_labels(path, labels, log)
     return results, labels
 
 

@@ -316,20 +316,14 @@ class KidMonitor(PeriodicAction):
         self.best_checkpoints = None
         if config.train.keep_best:
             self.best_checkpoints = Checkpointer(Workdir(workdir).best, keep=1, best_metric="kid")
-        self.best = self._best_so_far(workdir)
+        self.best = self._best_so_far()
 
-    def _best_so_far(self, workdir: Path) -> float:
+    def _best_so_far(self) -> float:
         if self.best_checkpoints is not None:
             step = self.best_checkpoints.best_step()
             metrics = self.best_checkpoints.metrics(step) if step is not None else None
             if metrics and "kid" in metrics:
                 return float(metrics["kid"])
-        # Work directories written before orbax kept the metric: best/best.json.
-        legacy = Workdir(workdir).best / "best.json"
-        if legacy.is_file():
-            import json
-
-            return float(json.loads(legacy.read_text())["kid"])
         return float("inf")
 
     @classmethod
