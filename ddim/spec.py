@@ -49,17 +49,7 @@ SPACINGS: dict[str, str] = {
 
 DEFAULT_STEPS = 20
 
-# Which sampler and grid to use, by the FID of samples (docs/sampling.md#which-sampler-how-many-steps; 1,000 samples
-# each), not by closeness to the converged ODE solution (which is not sample quality):
-# - at 20 steps the uniform grid is the safe one: far better than the log-SNR or Karras grid on briefly trained
-#   models (Keras recipe at 1,000 steps: 92.6 vs 111.6; the first bundled flowers32, step 2,000: 65.7 vs 68.8),
-#   although the log-SNR grid is several times closer to the converged ODE solution, and within 1 FID either way
-#   on the long-trained bundles (flowers32 at step 9,000: 46.4 vs 46.8 and 46.9; flowers64: 50.0 vs 50.6;
-#   flowers32-noise, step 59,982: 32.1 vs 31.7 and 31.9 for ddim, 31.4 for dpmpp-2m on either grid);
-# - with 10 steps or fewer, dpmpp-2m on the log-SNR grid scored best on both noise-predicting flowers32 models: on
-#   flowers32-noise (step 59,982) 32.5 at 5 steps, against 37.9 on the uniform grid and 40.0 for ddim, and 31.5 at
-#   10 (32.9, 34.2);
-#   on the one before (step 9,000) 48.5 at 5 (53.0, 56.4) and 46.8 at 10 (47.2, 48.7).
+# Which sampler and grid to use, by the FID of samples: docs/research/samplers.md#sample-quality-by-fid.
 # `ddim sample`'s tip, its --help and the web page's help lines are built from these.
 FID_BEST_SPACING = "uniform"
 FEW_STEPS = 10  # at most this many steps, FEW_STEPS_BEST scored best (measured at 5 and 10)
