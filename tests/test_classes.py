@@ -144,7 +144,7 @@ def test_interpolation_checks_its_classes(pipe):
     ]
     for kwargs, message in cases:
         with pytest.raises(InputError, match=message):
-            pipe.interpolate(a, a, 3, steps=1, **kwargs)
+            pipe.interpolate(a, a, frames=3, steps=1, **kwargs)
 
 
 @pytest.mark.slow
@@ -152,12 +152,12 @@ def test_interpolation_between_two_classes_ends_as_generate_with_each_class(pipe
     """The first frame is generate with the start class, the last with the end class, from the same latents."""
     a, b = pipe.latents(2, seed=3)
     classes = ["daisy", "daisy", "sunflower", "sunflower"]
-    same_latent = pipe.interpolate(a, a, 4, steps=2, classes=["daisy", "sunflower"])
+    same_latent = pipe.interpolate(a, a, frames=4, steps=2, classes=["daisy", "sunflower"])
     generated = pipe.generate(latents=np.stack([a] * 4), steps=2, classes=classes)
     np.testing.assert_array_equal(same_latent[[0, -1]], generated[[0, -1]])
     assert np.abs(same_latent[0].astype(float) - same_latent[-1]).mean() > 1  # the class changes the image
     # Two latents, guided: the same holds with the guidance scale on both sides.
-    guided = pipe.interpolate(a, b, 4, steps=2, classes=["daisy", "sunflower"], guidance=3.0)
+    guided = pipe.interpolate(a, b, frames=4, steps=2, classes=["daisy", "sunflower"], guidance=3.0)
     generated = pipe.generate(latents=np.stack([a, a, b, b]), steps=2, classes=classes, guidance=3.0)
     np.testing.assert_array_equal(guided[[0, -1]], generated[[0, -1]])
     # A class mix is a cond like any other: every sampler takes it (here at weight 1, the end class itself).
@@ -259,7 +259,7 @@ def test_an_unconditional_model_refuses_classes_and_guidance():
         with pytest.raises(InputError, match="not class-conditional"):
             pipe.generate(1, steps=1, **kwargs)
         with pytest.raises(InputError, match="not class-conditional"):
-            pipe.interpolate(*pipe.latents(2), 3, steps=1, **kwargs)
+            pipe.interpolate(*pipe.latents(2), frames=3, steps=1, **kwargs)
     images = np.zeros((1, 16, 16, 3), np.uint8)
     for verb in (pipe.invert, pipe.reconstruct):
         with pytest.raises(InputError, match="not class-conditional"):

@@ -261,7 +261,7 @@ def test_the_page_gives_the_pixels_of_its_command_with_a_class_and_guidance(cond
 def test_a_real_interpolation_between_two_classes(conditional_bench):
     pipe = conditional_bench.pipeline
     result = conditional_bench.interpolate(1, None, 2, None, 3, 2, start_class="daisy", end_class="sunflower")
-    a, b = pipe.latents(1, 1)[0], pipe.latents(1, 2)[0]
-    np.testing.assert_array_equal(result.images, pipe.interpolate(a, b, 3, steps=2, classes=["daisy", "sunflower"],
-                                                                  batch_size=64))
+    a, b = pipe.latents(1, seed=1)[0], pipe.latents(1, seed=2)[0]
+    np.testing.assert_array_equal(result.images, pipe.interpolate(a, b, frames=3, steps=2,
+                                                                  classes=["daisy", "sunflower"], batch_size=64))
     assert result.captions[-1] == "frame 2 of 3 · class sunflower"

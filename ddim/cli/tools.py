@@ -261,10 +261,10 @@ def interpolate(
         with _notices():
             for (seed, path), end_class in zip(ends, end_classes):
                 if seed is not None:
-                    latents.append(pipe.latents(1, seed)[0])
+                    latents.append(pipe.latents(1, seed=seed)[0])
                 else:
                     latents.append(pipe.invert(_read(pipe, [path]), spec=spec, classes=end_class)[0])
-            images = pipe.interpolate(latents[0], latents[1], frames, batch_size=batch_size, spec=spec,
+            images = pipe.interpolate(latents[0], latents[1], frames=frames, batch_size=batch_size, spec=spec,
                                       classes=end_classes if classes else None)
         for image, name in zip(images, names):
             save_png(image, out / name)

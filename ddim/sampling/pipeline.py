@@ -114,10 +114,10 @@ class Pipeline:
         with self._weights_fit():
             return programs.map_batches(program, self.model, self.variables, spec, count=count, **options)
 
-    def generate(self, num_images: int | None = None, steps: int | None = None, seed: int = 0,
+    def generate(self, num_images: int | None = None, *, steps: int | None = None, seed: int = 0,
                  eta: float | None = None, batch_size: int | None = None, on_batch: OnBatch | None = None,
                  sampler: str | None = None, spacing: str | None = None, latents: np.ndarray | None = None,
-                 *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
+                 spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
                  cond=None) -> np.ndarray:
         """Sample images with the EMA weights: uint8 ``(num_images, H, W, C)``.
 
@@ -133,7 +133,7 @@ class Pipeline:
         - ``seed``: same seed, arguments and checkpoint give the same pixels.
         - ``latents``: float ``(N, H, W, C)`` initial noise instead of the
           seeded one (from :meth:`latents`, :meth:`invert` or :meth:`interpolate`'s
-          inputs); ``generate(latents=pipe.latents(n, seed))`` gives the pixels of
+          inputs); ``generate(latents=pipe.latents(n, seed=seed))`` gives the pixels of
           ``generate(n, seed=seed)``.
         - ``batch_size``: images generated at once (bounds memory); ``on_batch(n)``
           is called after each batch of ``n``.
@@ -162,14 +162,14 @@ class Pipeline:
             return programs.generate_images(self.model, self.variables, num_images, spec, seed, batch_size, on_batch,
                                             latents, cond)
 
-    def latents(self, num_images: int = 1, seed: int = 0, batch_size: int | None = None) -> np.ndarray:
+    def latents(self, num_images: int = 1, *, seed: int = 0, batch_size: int | None = None) -> np.ndarray:
         """The initial noise ``generate(num_images, seed=seed, batch_size=batch_size)`` starts from, float32."""
         return programs.seeded_latents(self.image_shape, num_images, seed, batch_size)
 
-    def trajectory(self, num_images: int = 16, steps: int | None = None, seed: int = 0, eta: float | None = None,
+    def trajectory(self, num_images: int = 16, *, steps: int | None = None, seed: int = 0, eta: float | None = None,
                    sampler: str | None = None, spacing: str | None = None, batch_size: int | None = None,
                    latents: np.ndarray | None = None, on_batch: OnBatch | None = None,
-                   *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
+                   spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
                    cond=None) -> np.ndarray:
         """The predicted clean images after every step of :meth:`generate`: uint8 ``(steps, N, H, W, C)``.
 
@@ -180,22 +180,22 @@ class Pipeline:
         if latents is None:
             if num_images < 1:
                 raise InputError(f"the number of images must be >= 1, got {num_images}")
-            latents = self.latents(num_images, seed, batch_size)
+            latents = self.latents(num_images, seed=seed, batch_size=batch_size)
         latents = check_latents(latents, self.image_shape)
         cond = self._condition(len(latents), spec, classes, seed, cond)
         frames = self._run(programs.trajectory, spec, len(latents), batch_size=batch_size, arrays=[latents],
                            traced=(jnp.float32(spec.eta),), cond=cond, seed=seed, on_batch=on_batch, batch_axis=1)
         return to_uint8(frames)
 
-    def invert(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
-               on_batch: OnBatch | None = None, *, spec: SamplingSpec | None = None, classes=None,
+    def invert(self, images, *, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
+               on_batch: OnBatch | None = None, spec: SamplingSpec | None = None, classes=None,
                cond=None) -> np.ndarray:
         """Encode images to latents: deterministic DDIM run from the data to the noise (DDIM eq. 13).
 
         ``images``: uint8 (or float in [0, 1]) ``(N, H, W, C)``, one image, or a
         list of images or files (see :func:`prepare_images`). The time grid is
         :meth:`generate`'s for the same steps and spacing (of ``spec``; inversion
-        is always deterministic DDIM), so ``generate(latents=invert(x, steps),
+        is always deterministic DDIM), so ``generate(latents=invert(x, steps=steps),
         steps=steps)`` reconstructs ``x``, the closer the more steps
         (:meth:`reconstruct`). ``classes`` (class-conditional models): the class
         to invert with, one for all images or one each; decode with the same
@@ -215,8 +215,9 @@ class Pipeline:
         return self._run(programs.invert, spec, len(prepared), batch_size=batch_size, arrays=[prepared], cond=cond,
                          on_batch=on_batch)
 
-    def reconstruct(self, images, steps: int | None = None, spacing: str | None = None, batch_size: int | None = None,
-                    *, spec: SamplingSpec | None = None, classes=None, cond=None) -> Reconstruction:
+    def reconstruct(self, images, *, steps: int | None = None, spacing: str | None = None,
+                    batch_size: int | None = None, spec: SamplingSpec | None = None, classes=None,
+                    cond=None) -> Reconstruction:
         """Invert then generate with the same steps, spacing and class: how well the model encodes ``images``.
 
         ``classes`` as :meth:`invert` (default the null class; no guidance).
@@ -234,8 +235,8 @@ class Pipeline:
         errors = np.mean((floats.astype(np.float64) - prepared) ** 2, axis=(1, 2, 3))
         return Reconstruction(to_uint8(floats), errors, latents, to_uint8(prepared))
 
-    def interpolate(self, a, b, frames: int = 16, steps: int | None = None, spacing: str | None = None,
-                    batch_size: int | None = None, *, spec: SamplingSpec | None = None, classes=None,
+    def interpolate(self, a, b, *, frames: int = 16, steps: int | None = None, spacing: str | None = None,
+                    batch_size: int | None = None, spec: SamplingSpec | None = None, classes=None,
                     guidance: float | None = None, cond=None) -> np.ndarray:
         """Images along the spherical interpolation (slerp) from latent ``a`` to latent ``b``: uint8 ``(frames, H, W, C)``.
 
@@ -269,10 +270,10 @@ class Pipeline:
             return programs.generate_images(self.model, self.variables, frames, spec, batch_size=batch_size,
                                             latents=path, cond=cond)
 
-    def edit(self, images, strength: float = 0.6, steps: int | None = None, seed: int = 0, sampler: str | None = None,
-             spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
-             *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
-             cond=None) -> np.ndarray:
+    def edit(self, images, *, strength: float = 0.6, steps: int | None = None, seed: int = 0,
+             sampler: str | None = None, spacing: str | None = None, eta: float | None = None,
+             batch_size: int | None = None, spec: SamplingSpec | None = None, classes=None,
+             guidance: float | None = None, cond=None) -> np.ndarray:
         """Image-to-image editing (SDEdit, Meng et al. 2021): noise ``images`` to ``strength`` and denoise.
 
         ``strength`` in (0, 1]: the diffusion time the inputs are noised to;
@@ -297,9 +298,9 @@ class Pipeline:
                            traced=(jnp.float32(strength), jnp.float32(spec.eta)), cond=cond, seed=seed)
         return to_uint8(floats)
 
-    def inpaint(self, images, mask, steps: int | None = None, seed: int = 0, sampler: str | None = None,
+    def inpaint(self, images, mask, *, steps: int | None = None, seed: int = 0, sampler: str | None = None,
                 spacing: str | None = None, eta: float | None = None, batch_size: int | None = None,
-                *, spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
+                spec: SamplingSpec | None = None, classes=None, guidance: float | None = None,
                 cond=None) -> np.ndarray:
         """Fill the masked region of ``images`` consistently with the rest (RePaint-style, without resampling).
 

@@ -130,7 +130,7 @@ class Workbench:
         def work():
             with collect_notices(notes):
                 a, b = self._latent(start, spec), self._latent(end, spec)
-                return self.pipeline.interpolate(a, b, frames, spec=spec, batch_size=CLI_BATCH_SIZE, **options)
+                return self.pipeline.interpolate(a, b, frames=frames, spec=spec, batch_size=CLI_BATCH_SIZE, **options)
 
         inverts = any(kind == "image" for kind, _ in (start, end))
         images, seconds, compiled = self.on_device(
@@ -341,7 +341,7 @@ class Workbench:
         """The latent of an interpolation end: a seed's noise, or an image inverted with ``spec``."""
         kind, value = end
         if kind == "seed":
-            return self.pipeline.latents(1, value)[0]
+            return self.pipeline.latents(1, seed=value)[0]
         return self.pipeline.invert([value], spec=spec)[0]
 
 
