@@ -25,11 +25,11 @@ def configs(name: Optional[str] = typer.Argument(None, help="Print this packaged
         if name is not None:
             typer.echo(named.resolve(name).read_text(), nl=False)
             return
-        rows = [(row, size_of(row), start_of(row)) for row in map(named.describe, named.names())]
-    widths = [max(len(text) for text in column) for column in zip(*[(row.name, size, start) for row, size, start in rows])]
-    typer.echo(f"{'name':<{widths[0]}}  {'size':<{widths[1]}}  {'start':<{widths[2]}}  for")
-    for row, size, start in rows:
-        typer.echo(f"{row.name:<{widths[0]}}  {size:<{widths[1]}}  {start:<{widths[2]}}  {row.summary}")
+        lines = [("name", "size", "start", "for")]
+        lines += [(row.name, size_of(row), start_of(row), row.summary) for row in map(named.describe, named.names())]
+    widths = [max(len(line[column]) for line in lines) for column in range(3)]  # the last column is not padded
+    for line in lines:
+        typer.echo("  ".join(text.ljust(width) for text, width in zip(line, widths)) + f"  {line[3]}")
 
 
 def size_of(row) -> str:

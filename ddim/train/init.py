@@ -62,11 +62,12 @@ def load_run_config(path=None, overrides: list[str] | None = None, init: str | N
     if not source:
         return from_dict(values)
     source_config = load_source_config(source)
-    if path is None:
+    if path is None:  # ``values`` are the overrides alone
         size = source_config.model.image_size
-        values = config_values(FINE_TUNE_CONFIGS.get(size, FINE_TUNE_CONFIGS[32]), overrides)
-        if size not in FINE_TUNE_CONFIGS and "name" not in config_values(None, overrides):
-            del values["name"]  # not finetune32's: the run is <source name>-finetune (with_source_model)
+        preset = config_values(FINE_TUNE_CONFIGS.get(size, FINE_TUNE_CONFIGS[32]), overrides)
+        if size not in FINE_TUNE_CONFIGS and "name" not in values:
+            del preset["name"]  # not finetune32's: the run is <source name>-finetune (with_source_model)
+        values = preset
     return from_dict(with_source_model(values, source_config))
 
 
