@@ -83,7 +83,8 @@ def test_tfds_split_goes_through_the_cache_with_labels(tmp_path):
     assert len(loaded.class_names) == 102 and images.labels.min() >= 0
     counts = loaded.train_class_counts
     assert counts.shape == (102,) and counts.sum() == 32
-    batch = next(data.first_batches(images, config, 1))
+    order = data.batch_order(config.data, len(images), config.train.batch_size, config.train.seed)
+    batch = next(data.first_batches(images, order, 1))
     assert batch["image"].shape == (8, 16, 16, 3) and batch["label"].dtype == np.int32
     np.testing.assert_array_equal(np.asarray(again.train), np.asarray(images))
     (entry,) = (tmp_path / "data_cache").iterdir()
@@ -91,10 +92,9 @@ def test_tfds_split_goes_through_the_cache_with_labels(tmp_path):
 
 
 def test_eval_batches_are_fixed_and_whole():
-    config = tiny_config("train.eval_batches=0")
     images = np.arange(20 * 4 * 4 * 3, dtype=np.uint8).reshape(20, 4, 4, 3)
-    batches = list(data.eval_batches(images, config))
-    assert len(batches) == 2
+    batches = list(data.eval_batches(images, 8))
+    assert len(batches) == 2 and len(list(data.eval_batches(images, 8, max_batches=1))) == 1
     np.testing.assert_array_equal(np.concatenate([batch["image"] for batch in batches]), images[:16])
     # A plain array of images has no labels: every label is -1.
     assert all(batch["label"].dtype == np.int32 and (batch["label"] == -1).all() for batch in batches)
@@ -102,7 +102,7 @@ def test_eval_batches_are_fixed_and_whole():
 
 def test_too_small_dataset_is_a_clear_error():
     with pytest.raises(data.DataError, match="do not fill one batch"):
-        data.steps_per_epoch(tiny_config(), 3)
+        data.BatchOrder(batch_size=8, seed=0, repetitions=2).steps_per_epoch(3)
 
 
 def test_missing_dataset_is_a_clear_error(tmp_path):

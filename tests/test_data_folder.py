@@ -211,8 +211,9 @@ def test_batches_resume_exactly_and_shard_by_process_rows(tmp_path):
     write_plain_folder(root, 40)
     config = folder_config(root, "data.dataset_repetitions=2", "data.val_fraction=0.25")
     train = data.load(config, tmp_path / "run", log=quiet(), show_progress=False).train
-    steps = data.steps_per_epoch(config, len(train))
-    images = (batch["image"] for batch in data.train_batches(train, config, 0, steps))
+    order = data.batch_order(config.data, len(train), config.train.batch_size, config.train.seed)
+    steps = order.steps_per_epoch(len(train))
+    images = (batch["image"] for batch in data.train_batches(train, order, 0))
     two_epochs = [next(images) for _ in range(2 * steps)]
     epoch0 = np.concatenate(two_epochs[:steps])
     # Each image twice per epoch (the repetitions are shuffled together), a new order each epoch.
@@ -222,11 +223,11 @@ def test_batches_resume_exactly_and_shard_by_process_rows(tmp_path):
     assert set(counts.values()) <= {1, 2} and len(epoch0) == steps * config.train.batch_size
     assert not np.array_equal(epoch0, np.concatenate(two_epochs[steps:]))
     for start in (3, steps, steps + 1):
-        resumed = data.train_batches(train, config, start, steps)
+        resumed = data.train_batches(train, order, start)
         for expected in two_epochs[start : start + 3]:
             np.testing.assert_array_equal(next(resumed)["image"], expected)
     # Two processes: each reads its half of every global batch.
-    halves = [data.train_batches(train, config, 0, steps, rows=rows) for rows in (slice(0, 4), slice(4, 8))]
+    halves = [data.train_batches(train, order, 0, rows=rows) for rows in (slice(0, 4), slice(4, 8))]
     for expected in two_epochs[:3]:
         np.testing.assert_array_equal(np.concatenate([next(h)["image"] for h in halves]), expected)
 
@@ -247,9 +248,10 @@ def test_batches_carry_each_images_label(tmp_path):
     assert loaded.class_names == ["cats", "dogs"] and sorted(expected.values()).count(-1) == 6
     counts = loaded.train_class_counts
     assert counts.tolist() == [int((loaded.train.labels == i).sum()) for i in range(2)] and counts.sum() > 0
-    steps = data.steps_per_epoch(config, len(loaded.train))
-    batches = [*itertools.islice(data.train_batches(loaded.train, config, 0, steps), steps),
-               *data.eval_batches(loaded.val, config), *data.first_batches(loaded.train, config, 1)]
+    order = data.batch_order(config.data, len(loaded.train), config.train.batch_size, config.train.seed)
+    steps = order.steps_per_epoch(len(loaded.train))
+    batches = [*itertools.islice(data.train_batches(loaded.train, order, 0), steps),
+               *data.eval_batches(loaded.val, config.train.batch_size), *data.first_batches(loaded.train, order, 1)]
     for batch in batches:
         assert set(batch) == {"image", "label"} and batch["label"].dtype == np.int32
         assert batch["label"].shape == (len(batch["image"]),)

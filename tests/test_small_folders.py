@@ -16,18 +16,22 @@ def folder_config(root, *overrides):
 def test_a_small_folders_epoch_repeats_its_images_up_to_min_epoch_images():
     config = tiny_config("data.min_epoch_images=100", "data.dataset_repetitions=2")
     # 8 images: 13 passes hold 104 >= 100 images, 13 steps of 8.
-    assert data_lib.steps_per_epoch(config, 8) == 13
-    assert len(data_lib.loader.epoch_order(8, config, 0)) == 104
+    assert steps_per_epoch(config, 8) == 13
+    assert len(data_lib.loader.epoch_order(8, data_lib.batch_order(config.data, 8, 8, 0), 0)) == 104
     # Many images: dataset_repetitions alone already holds more.
-    assert data_lib.steps_per_epoch(config, 400) == 100
-    assert data_lib.steps_per_epoch(tiny_config("data.dataset_repetitions=2"), 8) == 2
+    assert steps_per_epoch(config, 400) == 100
+    assert steps_per_epoch(tiny_config("data.dataset_repetitions=2"), 8) == 2
+
+
+def steps_per_epoch(config, num_images):
+    return data_lib.batch_order(config.data, num_images, config.train.batch_size, 0).steps_per_epoch(num_images)
 
 
 def test_the_first_of_epochs_steps_and_images_ends_the_run():
-    assert data_lib.total_steps(tiny_config("train.num_epochs=3", "train.max_steps=0"), 10) == 30
-    assert data_lib.total_steps(tiny_config("train.num_epochs=3", "train.max_steps=12"), 10) == 12
+    assert data_lib.total_steps(tiny_config("train.num_epochs=3", "train.max_steps=0").train, 10) == 30
+    assert data_lib.total_steps(tiny_config("train.num_epochs=3", "train.max_steps=12").train, 10) == 12
     # 50 images at batch 8: 7 steps, the last one partly past the mark.
-    assert data_lib.total_steps(tiny_config("train.num_epochs=3", "train.max_steps=12", "train.max_images=50"),
+    assert data_lib.total_steps(tiny_config("train.num_epochs=3", "train.max_steps=12", "train.max_images=50").train,
                                 10) == 7
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ddim.train import actions, loop
+from ddim.train import actions, loop, steps
 from ddim.train import state as state_lib
 from ddim.checkpoint import Checkpointer, checkpoint_dir
 from tests.conftest import mock_flowers, tiny_config
@@ -122,7 +122,7 @@ def test_python_stays_at_most_two_steps_ahead_of_the_device(tmp_path, monkeypatc
         config = tiny_config("train.max_steps=10", "train.log_every=100", "train.checkpoint_every=100",
                              "train.eval_every=0")
         loop.train(config, tmp_path, log=lambda m: None)
-    assert len(unfinished) == 10 and max(unfinished) <= loop.MAX_STEPS_AHEAD
+    assert len(unfinished) == 10 and max(unfinished) <= steps.MAX_STEPS_AHEAD
 
 
 @pytest.mark.slow

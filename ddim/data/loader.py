@@ -22,11 +22,12 @@ A few threads read ahead (``data.prefetch`` batches).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
-from ddim.config import Config
+from ddim.config import Config, DataConfig, TrainConfig
 from ddim.data.cache import NO_LABEL, ImageRows
 from ddim.data.errors import DataError
 from ddim.summary import plural
@@ -37,34 +38,48 @@ from ddim.summary import plural
 READ_THREADS = 1
 
 
-def repetitions(config: Config, num_train_images: int) -> int:
+@dataclass(frozen=True)
+class BatchOrder:
+    """How a run draws its training batches: ``batch_size`` images a step, the order seeded by ``seed``, an
+    epoch ``repetitions`` passes over the images, ``prefetch`` batches read ahead. Training passes
+    ``train.batch_size`` and ``train.seed``, distillation ``distill.batch_size`` and ``distill.seed``
+    (:func:`batch_order`)."""
+
+    batch_size: int
+    seed: int
+    repetitions: int
+    prefetch: int = 0
+
+    def steps_per_epoch(self, num_images: int) -> int:
+        """Optimiser steps per epoch: repetitions x images, in whole batches."""
+        steps = (num_images * self.repetitions) // self.batch_size
+        if steps < 1:
+            raise DataError(f"{num_images} training images x {self.repetitions} repetitions do not fill one batch "
+                            f"of {self.batch_size}")
+        return steps
+
+
+def repetitions(data: DataConfig, num_train_images: int) -> int:
     """Passes over the training images in one epoch: ``data.dataset_repetitions``, or more where an epoch must
     hold ``data.min_epoch_images``."""
-    wanted = -(-config.data.min_epoch_images // max(num_train_images, 1))  # ceil
-    return max(config.data.dataset_repetitions, wanted)
+    wanted = -(-data.min_epoch_images // max(num_train_images, 1))  # ceil
+    return max(data.dataset_repetitions, wanted)
 
 
-def steps_per_epoch(config: Config, num_train_images: int) -> int:
-    """Optimiser steps per epoch: repetitions x images, in whole batches."""
-    passes = repetitions(config, num_train_images)
-    steps = (num_train_images * passes) // config.train.batch_size
-    if steps < 1:
-        raise DataError(
-            f"{num_train_images} training images x {passes} repetitions do not fill one batch of "
-            f"{config.train.batch_size}"
-        )
-    return steps
+def batch_order(data: DataConfig, num_train_images: int, batch_size: int, seed: int) -> BatchOrder:
+    """The order of a run of ``batch_size`` images a step seeded by ``seed`` over ``num_train_images`` images
+    (``data`` gives the repetitions and the read-ahead)."""
+    return BatchOrder(batch_size, seed, repetitions(data, num_train_images), data.prefetch)
 
 
-def total_steps(config: Config, steps_per_epoch: int) -> int:
+def total_steps(train: TrainConfig, steps_per_epoch: int) -> int:
     """The run's length in optimiser steps: the first of ``train.num_epochs``, ``train.max_steps`` and
     ``train.max_images`` (in whole batches, rounded up) to end it."""
-    t = config.train
-    limits = [t.num_epochs * steps_per_epoch]
-    if t.max_steps:
-        limits.append(t.max_steps)
-    if t.max_images:
-        limits.append(-(-t.max_images // t.batch_size))
+    limits = [train.num_epochs * steps_per_epoch]
+    if train.max_steps:
+        limits.append(train.max_steps)
+    if train.max_images:
+        limits.append(-(-train.max_images // train.batch_size))
     return min(limits)
 
 
@@ -87,13 +102,13 @@ def copying_warning(config: Config, num_train_images: int, total_steps: int) -> 
             f"training images (docs/own-images.md#how-long-to-train): --set train.max_images={images} stops there")
 
 
-def epoch_order(num_images: int, config: Config, epoch: int) -> np.ndarray:
-    """The image index of every position of epoch ``epoch``: the images repeated
-    ``data.dataset_repetitions`` times under one global random permutation, seeded by ``(seed, epoch)``."""
-    total = num_images * repetitions(config, num_images)
-    rng = np.random.Generator(np.random.PCG64([config.train.seed, epoch]))
-    order = rng.permutation(total) % num_images
-    return order.astype(np.int32) if num_images < 2**31 else order
+def epoch_order(num_images: int, order: BatchOrder, epoch: int) -> np.ndarray:
+    """The image index of every position of epoch ``epoch``: the images repeated ``order.repetitions`` times
+    under one global random permutation, seeded by ``(order.seed, epoch)``."""
+    total = num_images * order.repetitions
+    rng = np.random.Generator(np.random.PCG64([order.seed, epoch]))
+    permutation = rng.permutation(total) % num_images
+    return permutation.astype(np.int32) if num_images < 2**31 else permutation
 
 
 def read_batch(images, indices: np.ndarray) -> dict[str, np.ndarray]:
@@ -113,7 +128,7 @@ def _iterate(dataset, prefetch: int):
     return iter(dataset.to_iter_dataset(options))
 
 
-def epoch_batches(images, config: Config, epoch: int, skip: int = 0, rows: slice = slice(None),
+def epoch_batches(images, order: BatchOrder, epoch: int, skip: int = 0, rows: slice = slice(None),
                   prefetch: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     """The batches (``rows`` of each) of one epoch, from batch ``skip`` on.
 
@@ -123,38 +138,39 @@ def epoch_batches(images, config: Config, epoch: int, skip: int = 0, rows: slice
     """
     import grain
 
-    steps = steps_per_epoch(config, len(images))
-    order = epoch_order(len(images), config, epoch)
-    batch = config.train.batch_size
+    steps = order.steps_per_epoch(len(images))
+    positions = epoch_order(len(images), order, epoch)
+    batch = order.batch_size
 
     def read(step: int) -> dict[str, np.ndarray]:
-        return read_batch(images, order[step * batch : (step + 1) * batch][rows])
+        return read_batch(images, positions[step * batch : (step + 1) * batch][rows])
 
     dataset = grain.MapDataset.range(skip, steps).map(read)
-    return _iterate(dataset, config.data.prefetch if prefetch is None else prefetch)
+    return _iterate(dataset, order.prefetch if prefetch is None else prefetch)
 
 
-def train_batches(images, config: Config, start_step: int, steps_per_epoch: int,
+def train_batches(images, order: BatchOrder, start_step: int,
                   rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
     """Endless batches starting at global step ``start_step`` (this process's ``rows`` of each)."""
-    epoch, skip = divmod(start_step, steps_per_epoch)
+    epoch, skip = divmod(start_step, order.steps_per_epoch(len(images)))
     while True:
-        yield from epoch_batches(images, config, epoch, skip, rows)
+        yield from epoch_batches(images, order, epoch, skip, rows)
         epoch, skip = epoch + 1, 0
 
 
-def first_batches(images, config: Config, count: int) -> Iterator[dict[str, np.ndarray]]:
+def first_batches(images, order: BatchOrder, count: int) -> Iterator[dict[str, np.ndarray]]:
     """The first ``count`` whole global batches of epoch 0 (every process reads all rows: same values)."""
     import itertools
 
-    return itertools.islice(epoch_batches(images, config, 0, rows=slice(None), prefetch=0), count)
+    return itertools.islice(epoch_batches(images, order, 0, rows=slice(None), prefetch=0), count)
 
 
-def eval_batches(images, config: Config, rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
-    """The validation batches in fixed order, whole (a partial last batch is dropped)."""
-    batch = config.train.batch_size
-    count = len(images) // batch
-    if config.train.eval_batches:
-        count = min(count, config.train.eval_batches)
+def eval_batches(images, batch_size: int, max_batches: int = 0,
+                 rows: slice = slice(None)) -> Iterator[dict[str, np.ndarray]]:
+    """The validation batches in fixed order, whole (a partial last batch is dropped), at most ``max_batches``
+    of them (0: all)."""
+    count = len(images) // batch_size
+    if max_batches:
+        count = min(count, max_batches)
     for i in range(count):
-        yield read_batch(images, np.arange(i * batch, (i + 1) * batch)[rows])
+        yield read_batch(images, np.arange(i * batch_size, (i + 1) * batch_size)[rows])

@@ -22,6 +22,7 @@ the one it reached (:class:`PhaseEnd`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -47,9 +48,8 @@ from ddim.spec import SamplingRules
 from ddim.summary import Progress, Reporter, say_stderr, summary_writer
 from ddim.train import state as state_lib
 from ddim.train.actions import LogTrainMetrics, MetricsBuffer, SampleGrid, SaveCheckpoint, StepInfo, TrainingError
-from ddim.train.loop import MAX_STEPS_AHEAD, RunOutputs
+from ddim.train.steps import RunOutputs, run_steps
 from ddim.train.state import TrainState
-from ddim.train.stop import StopRequest
 from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 from ddim.workdir.records import append_record, read_records
 
@@ -117,9 +117,16 @@ def distill(teacher: str | Path, workdir: str | Path, config_file: str | Path | 
         lock.release()
         raise
     try:
-        return run.train(resumed)
-    finally:
-        run.close()
+        result = run.train(resumed)
+        run.close()  # waits for the last save, which can fail too
+    except BaseException as error:
+        with contextlib.suppress(Exception):  # the error that ended the run is the one to report
+            run.close()
+        explained = run.explain(error)
+        if explained is None:
+            raise
+        raise explained from None
+    return result
 
 
 class Resumed(NamedTuple):
@@ -164,7 +171,8 @@ class DistillationRun(RunOutputs):
     teacher_variables: dict[str, Any]
     phases: tuple[Phase, ...]
     train_images: Any
-    data_config: Config
+    order: data_lib.BatchOrder
+    """The students' batches: ``distill.batch_size`` images a step in ``distill.seed``'s order."""
     steps_per_epoch: int
     label_table: Callable
     mesh: Any
@@ -195,10 +203,7 @@ class DistillationRun(RunOutputs):
             early_say(f"warning: the teacher predicts {teacher.config.model.prediction} and the students "
                       f"{d.prediction}: the first student starts from weights made for another target; a "
                       f"{d.prediction} teacher (ddim train --init) starts it as its teacher")
-        # The data in the student's batch size and seed (the train section stays the teacher's record).
-        data_config = dataclasses.replace(config, train=dataclasses.replace(config.train, batch_size=d.batch_size,
-                                                                             seed=d.seed))
-        data = data_lib.load(data_config, workdir, ("train",), log=early_say)
+        data = data_lib.load(config, workdir, ("train",), log=early_say)
         space = teacher.class_space
         if space.conditional and not data.num_classes:
             raise UserError(f"the teacher is class-conditional, and {data.describe()} has no classes to distil it on")
@@ -222,15 +227,16 @@ class DistillationRun(RunOutputs):
         say(f"distilling {teacher_source} (step {teacher.step}) into {workdir}: "
             + "; ".join(f"{p.describe()} ({p.optimizer_steps} steps)" for p in phases)
             + (f"; resuming from step {resumed.step}" if resumed.step else ""))
-        steps_per_epoch = data_lib.steps_per_epoch(data_config, len(data.train))
+        # The students' batch size and seed (the train section stays the teacher's record).
+        order = data_lib.batch_order(config.data, len(data.train), d.batch_size, d.seed)
         run = cls(config, workdir, name, DiffusionModel(teacher.config.model), teacher.variables, phases, data.train,
-                  data_config, steps_per_epoch, label_table, mesh, checkpointer, progress, Reporter(writer, say), say,
+                  order, order.steps_per_epoch(len(data.train)), label_table, mesh, checkpointer, progress, Reporter(writer, say), say,
                   rng, grid_rng, lock)
         return run, resumed
 
     def batches(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
         """Global batches from ``start_step`` on, labels as the teacher's class ids."""
-        for batch in data_lib.train_batches(self.train_images, self.data_config, start_step, self.steps_per_epoch):
+        for batch in data_lib.train_batches(self.train_images, self.order, start_step):
             batch = dict(batch, label=self.label_table(batch["label"]))
             yield parallel.global_batch(batch, self.mesh)
 
@@ -294,43 +300,28 @@ class DistillationRun(RunOutputs):
     def train_phase(self, job: PhaseJob, state: TrainState, step: int) -> PhaseEnd:
         """Train ``job``'s phase from ``state`` at global ``step`` to its end or a stop; returns where it got."""
         phase, config, metrics = job.phase, job.config, MetricsBuffer()
-        log_config = dataclasses.replace(config, train=self.data_config.train)
-        actions = [LogTrainMetrics(log_config, metrics, self.progress), SaveCheckpoint(config, self.checkpointer, metrics)]
+        actions = [LogTrainMetrics(config, metrics, self.progress), SaveCheckpoint(config, self.checkpointer, metrics)]
         if config.train.eval_every:
             spec = SamplingRules.of(config.model).defaults  # the student's own steps and sampler
             actions.append(SampleGrid(config, job.student, self.grid_rng, self.workdir, True, spec=spec))
         self.say(f"{phase.describe()}: steps {step + 1} to {phase.end}")
-        started, action_seconds, first, info, stopped = time.perf_counter(), 0.0, step, None, False
-        batches = self.batches(step)
+        started = time.perf_counter()
+
+        def distill_step(state, batch):
+            return job.step_fn(state, job.teacher_variables, batch, self.rng)
+
         try:
-            with StopRequest(self.mesh) as stop:
-                while step < phase.end:
-                    step += 1
-                    state, step_metrics = job.step_fn(state, job.teacher_variables, next(batches), self.rng)
-                    metrics.append(step_metrics)
-                    metrics.bound_dispatch(MAX_STEPS_AHEAD)
-                    stopped = stop.agreed(step)
-                    seconds = time.perf_counter() - started - action_seconds
-                    info = StepInfo(step, phase.end, self.steps_per_epoch, state, seconds, stopped)
-                    action_seconds += self.run_actions(actions, info)
-                    if stopped:
-                        self.say(f"stopped at step {step}; checkpoint saved, run the same command to resume")
-                        break
-            self.checkpointer.wait()
-        except BaseException as error:
-            for action in actions:
-                try:
-                    action.finish(info, error)
-                except Exception:
-                    pass
-            raise
+            stretch = run_steps(self, distill_step, state, self.batches(step), start_step=step, end_step=phase.end,
+                                total_steps=phase.end, steps_per_epoch=self.steps_per_epoch, actions=actions,
+                                metrics=metrics, mesh=self.mesh)
         finally:
-            if info is not None:
+            reached = self.reached_step
+            if reached is not None and reached > step:  # this stretch of the phase, stopped or not
                 append_record(Workdir(self.workdir).distill_file, {
-                    "phase": phase.kind, "student_steps": phase.student_steps, "from_step": first,
-                    "to_step": info.step, "seconds": round(time.perf_counter() - started, 3),
+                    "phase": phase.kind, "student_steps": phase.student_steps, "from_step": step,
+                    "to_step": reached, "seconds": round(time.perf_counter() - started, 3),
                     "loss": metrics.last_mean.get("loss"), **run_fields(config.model.dtype)})
-        return PhaseEnd(state, step, stopped, metrics.last_mean)
+        return PhaseEnd(stretch.state, stretch.step or step, stretch.stopped, metrics.last_mean)
 
     def _export(self, phase: Phase, state: TrainState) -> Path:
         """Save ``state``, the end of ``phase``, as its student ``students/<N>`` (a checkpoint of its own)."""

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 
@@ -25,21 +24,16 @@ from ddim import onednn, parallel
 from ddim.checkpoint import Checkpointer, model_config_mismatch
 from ddim.config import Config
 from ddim.environment import training_record
-from ddim.errors import UserError, environment_error
+from ddim.errors import UserError
 from ddim.model import DiffusionModel
 from ddim.summary import Progress, Reporter, plural, say_stderr, summary_writer
 from ddim.train import init as init_lib
 from ddim.train import state as state_lib
-from ddim.train.actions import MetricsBuffer, PeriodicAction, StepInfo, TrainingError, default_actions
+from ddim.train.actions import MetricsBuffer, TrainingError, default_actions
 from ddim.train.state import TrainState
-from ddim.train.stop import StopRequest
+from ddim.train.steps import RunOutputs, run_steps
 from ddim.workdir import Workdir, WorkdirLock, lock_for_training
 from ddim.workdir.records import append_record
-
-# Train steps dispatched but not yet finished: 2 keeps the device fed (the next step is
-# already queued when one ends) while Ctrl-C and the progress bar lag by at most two steps.
-MAX_STEPS_AHEAD = 2
-
 
 @dataclass
 class TrainResult:
@@ -69,55 +63,22 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
         with contextlib.suppress(OSError):  # a record is not worth the run
             append_record(Workdir(run.workdir).train_file,
                           training_record(run.config, run.start_step, run.total_steps))
-    actions, state, info, stopped, action_seconds = [], run.state, None, False, 0.0
     try:
         actions = default_actions(run, kid_extractor_factory)
-        step_fn, _ = state_lib.compiled_steps(run.config, run.mesh, source=run.source)
-        batches = run.train_batches()
-        started = time.perf_counter()
-        with StopRequest(run.mesh) as stop:
-            for step in range(run.start_step + 1, run.total_steps + 1):
-                state, step_metrics = step_fn(state, next(batches), run.train_rng)
-                run.metrics.append(step_metrics)
-                run.metrics.bound_dispatch(MAX_STEPS_AHEAD)
-                stopped = stop.agreed(step)  # the same step on every process
-                train_seconds = time.perf_counter() - started - action_seconds
-                info = StepInfo(step, run.total_steps, run.steps_per_epoch, state, train_seconds, stopped)
-                action_seconds += run.run_actions(actions, info)
-                if stopped:
-                    run.say(f"stopped at step {step}; checkpoint saved, run the same command to resume")
-                    break
-        run.finish(actions, info, None)  # waits for the last save, which can fail too
+        train_step, _ = state_lib.compiled_steps(run.config, run.mesh, source=run.source)
+        stretch = run_steps(run, lambda state, batch: train_step(state, batch, run.train_rng), run.state,
+                            run.train_batches(), start_step=run.start_step, end_step=run.total_steps,
+                            total_steps=run.total_steps, steps_per_epoch=run.steps_per_epoch, actions=actions,
+                            metrics=run.metrics, mesh=run.mesh)
+        run.close()  # waits for the last save, which can fail too
     except BaseException as error:
-        run.finish(actions, info, error)
-        explained = run.explain(error, info)
+        with contextlib.suppress(Exception):  # the error that ended the run is the one to report
+            run.close()
+        explained = run.explain(error)
         if explained is None:
             raise
         raise explained from None
-    return TrainResult(state, run.start_step, info.step, stopped, run.metrics.last_mean)
-
-
-class RunOutputs:
-    """What a run reports and saves through, and how it ends: its ``checkpointer``, ``reporter``, ``progress`` and
-    work directory ``lock`` (attributes of the run). :class:`TrainingRun` and distillation's run share it."""
-
-    def run_actions(self, actions: list[PeriodicAction], info: StepInfo) -> float:
-        """Run the due actions and report what they say; returns the seconds they took."""
-        started = time.perf_counter()
-        for action in actions:
-            if action.due(info):
-                self.reporter.write(info.step, action.run(info))
-        return time.perf_counter() - started
-
-    def close(self) -> None:
-        """Wait for the last save (raising if it failed), close the outputs, release the work directory."""
-        try:
-            self.checkpointer.close()
-        finally:
-            self.reporter.close()
-            self.progress.close()
-            if self.lock is not None:
-                self.lock.release()
+    return TrainResult(stretch.state, run.start_step, stretch.step, stretch.stopped, run.metrics.last_mean)
 
 
 @dataclass
@@ -135,6 +96,7 @@ class TrainingRun(RunOutputs):
     checkpointer: Checkpointer
     train_images: data_lib.ImageRows
     val_images: data_lib.ImageRows | None
+    order: data_lib.BatchOrder
     steps_per_epoch: int
     total_steps: int
     start_step: int
@@ -147,7 +109,6 @@ class TrainingRun(RunOutputs):
     source: init_lib.SourceTargets | None = None
     """The source model a run learns from (``init.targets = "source"``), else None."""
     lock: WorkdirLock | None = None
-    finished: bool = False
 
     @classmethod
     def prepare(cls, config: Config, workdir: str | Path, log=None) -> "TrainingRun":
@@ -164,83 +125,36 @@ class TrainingRun(RunOutputs):
 
     @classmethod
     def _prepare(cls, config: Config, workdir: Path, log) -> "TrainingRun":
+        """The named steps of a run's set-up, in order: data, schedule, state (resumed, or fine-tuned from a
+        source, or new with the data's normaliser), the source's targets, reporting."""
         t = config.train
-        early_say = log or say_stderr
         # Every process reads the cache (one of them builds it, under a lock); only process 0 reports.
         is_writer = jax.process_index() == 0
-        data = data_lib.load(config, workdir, ("train", "val") if t.eval_every else ("train",),
-                             log=early_say if is_writer else (lambda message: None), show_progress=is_writer)
-        config = with_data_classes(config, data)
-        train_images, val_images = data.train, data.val
-        if val_images is not None and not len(val_images):
-            val_images = None
-        steps_per_epoch = data_lib.steps_per_epoch(config, len(train_images))
-        total_steps = data_lib.total_steps(config, steps_per_epoch)
-
+        config, data = _load_data(config, workdir, log or say_stderr, is_writer)
+        order = data_lib.batch_order(config.data, len(data.train), t.batch_size, t.seed)
+        steps_per_epoch = order.steps_per_epoch(len(data.train))
+        total_steps = data_lib.total_steps(t, steps_per_epoch)
         mesh = parallel.data_mesh()
         parallel.check_batch_size(t.batch_size, mesh)
         init_rng, train_rng, eval_rng, grid_rng = jax.random.split(jax.random.key(t.seed), 4)
         state = state_lib.create_train_state(config, init_rng, mesh, total_steps)
         checkpointer = Checkpointer.of_run(Workdir(workdir).checkpoints, t)
-        try:  # the newest intact checkpoint; damaged newer ones are set aside with a warning
-            resumed = checkpointer.restore(lambda step: _resume(checkpointer, step, config, state), warn=log)
+        try:
+            start = _first_state(config, workdir, state, mesh, checkpointer, data, order, log)
+            source = _source_targets(start.config, start.loaded_source, mesh)
         except BaseException:
             checkpointer.close()
             raise
-        latest, init_note, loaded_source = None, None, None
-        if resumed is not None:
-            latest, state = resumed
-            if config.init.source:  # the run's own checkpoints win
-                init_note = (f"{workdir} already has checkpoints: resuming from step {int(state.step)}; "
-                             f"--init {config.init.source} is not read")
-            # The run's record of its source stays, whatever the config resuming it says.
-            config = dataclasses.replace(config, init=checkpointer.restore_config(latest).init)
-        else:
-            if config.init.source:
-                config, state, loaded_source = _start_from_source(config, state, mesh)
-                init_note = init_lib.describe(config)
-            if t.normalizer_batches and (not config.init.source or config.init.normalizer == "adapt"):
-                # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
-                # run denormalises its samples correctly.
-                first = data_lib.first_batches(train_images, config, t.normalizer_batches)
-                stats = state_lib.image_statistics(first)
-                state = parallel.replicate(state_lib.set_normalizer_stats(state, *stats), mesh)
+        config, state = start.config, start.state
         start_step = int(state.step)
-        source = None
-        if config.init.targets == "source":
-            try:  # on resume the source is read again, and must be the one the run started from
-                checked = loaded_source is None
-                loaded_source = loaded_source or init_lib.load_source(config.init.source)
-                source = init_lib.teacher_source(config, loaded_source, mesh, check_digest=checked)
-            except BaseException:
-                checkpointer.close()
-                raise
-
         progress = Progress(total_steps, start_step, description=config.name)
         say = log or progress.log
         if is_writer:
-            previous = data_lib.previous_fingerprint(workdir)
-            if latest is not None and previous is not None and previous != data.fingerprint:
-                say(f"warning: the data changed since this run last trained ({data.describe()}); training "
-                    "goes on, but not with the batches an uninterrupted run would have seen")
-            data.write_report(workdir)
-        say(
-            f"data: {data.describe()} · image {config.model.image_size}x{config.model.image_size} · devices: "
-            f"{jax.device_count()} {jax.default_backend()}, mesh {tuple(mesh.devices.shape)}, global batch "
-            f"{t.batch_size}"
-        )
+            _report_setup(config, workdir, data, start, steps_per_epoch, total_steps, mesh, say)
         writer = summary_writer(Workdir(workdir).tensorboard, say) if is_writer and start_step < total_steps else None
-        resuming = f"; resuming from step {start_step}" if latest is not None else ""
-        say(f"{config.name}: {plural(steps_per_epoch, 'step/epoch')}, {plural(total_steps, 'step')}, workdir "
-            f"{workdir}{resuming}")
-        if init_note and is_writer:
-            say(init_note)
-        copying = data_lib.copying_warning(config, len(train_images), total_steps)
-        if copying and is_writer and start_step < total_steps:
-            say(copying)
         return cls(
             config, workdir, say, progress, Reporter(writer, say), mesh, DiffusionModel(config.model), state,
-            checkpointer, train_images, val_images, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
+            checkpointer, data.train, data.val, order, steps_per_epoch, total_steps, start_step, train_rng, eval_rng,
             grid_rng, is_writer, data=data, source=source,
         )
 
@@ -248,54 +162,95 @@ class TrainingRun(RunOutputs):
         """Global training batches (``{"image", "label"}``) from ``start_step`` on, each process feeding its
         own rows."""
         rows = parallel.process_slice(self.config.train.batch_size)
-        for batch in data_lib.train_batches(self.train_images, self.config, self.start_step, self.steps_per_epoch,
-                                            rows):
+        for batch in data_lib.train_batches(self.train_images, self.order, self.start_step, rows):
             yield parallel.global_batch(batch, self.mesh)
 
     def val_batches(self) -> Iterator[dict[str, jax.Array]]:
         """The validation split as global batches (``{"image", "label"}``), in fixed order."""
-        rows = parallel.process_slice(self.config.train.batch_size)
-        for batch in data_lib.eval_batches(self.val_images, self.config, rows):
+        t = self.config.train
+        rows = parallel.process_slice(t.batch_size)
+        for batch in data_lib.eval_batches(self.val_images, t.batch_size, t.eval_batches, rows):
             yield parallel.global_batch(batch, self.mesh)
 
-    def finish(self, actions: list[PeriodicAction], info: StepInfo | None, error: BaseException | None) -> None:
-        """End the run once: every action's ``finish`` (a crash save among them), then close the outputs."""
-        if self.finished:
-            return
-        self.finished = True
-        failures = []
-        for action in actions:
-            try:
-                action.finish(info, error)
-            except Exception as failure:
-                failures.append(failure)
-        try:
-            self.close()
-        except Exception as failure:
-            failures.append(failure)
-        if failures and error is None:  # with an error, that error is what the user needs to see
-            raise failures[0]
 
-    def explain(self, error: BaseException, info: StepInfo | None) -> TrainingError | None:
-        """What ended the run, and what is kept, in one line: for errors a user can act on, else None."""
-        if isinstance(error, UserError):
-            what = str(error)
-        elif environment_error(error) is not None:  # a full disk, a lost permission, ... outside checkpointing
-            what = environment_error(error, path_from_message=True)
-            what += f" (at step {info.step})" if info is not None else ""
-        else:
-            return None
-        return TrainingError(f"{what}; {self.last_checkpoint()}")
+class FirstState(NamedTuple):
+    """Where a run starts: its config (the source's record filled in, or the resumed run's), its state, the
+    step it resumes from (None for a new run), a line on where the weights came from, and the loaded source of a
+    new fine-tune."""
 
-    def last_checkpoint(self) -> str:
-        """A sentence naming the newest checkpoint on disk (call after :meth:`close`)."""
-        try:
-            self.checkpointer.reload()
-        except Exception:  # the listing is only for the message
-            pass
-        last = self.checkpointer.latest_step()
-        where = f"the last good checkpoint is step {last}" if last is not None else "no checkpoint was saved"
-        return f"{where} in {self.checkpointer.directory}"
+    config: Config
+    state: TrainState
+    resumed_step: int | None
+    init_note: str | None
+    loaded_source: Any
+
+
+def _load_data(config: Config, workdir: Path, say, is_writer: bool) -> tuple[Config, data_lib.Data]:
+    """The run's data (the validation split only when evaluations run), and ``config`` with its classes."""
+    splits = ("train", "val") if config.train.eval_every else ("train",)
+    data = data_lib.load(config, workdir, splits, log=say if is_writer else (lambda message: None),
+                         show_progress=is_writer)
+    if data.val is not None and not len(data.val):
+        data = dataclasses.replace(data, val=None)
+    return with_data_classes(config, data), data
+
+
+def _first_state(config: Config, workdir: Path, state: TrainState, mesh, checkpointer: Checkpointer, data,
+                 order: data_lib.BatchOrder, log) -> FirstState:
+    """The newest intact checkpoint (damaged newer ones are set aside with a warning); else the fine-tune's
+    source; else ``state``, its normaliser adapted to the data."""
+    resumed = checkpointer.restore(lambda step: _resume(checkpointer, step, config, state), warn=log)
+    if resumed is not None:
+        latest, state = resumed
+        note = None
+        if config.init.source:  # the run's own checkpoints win
+            note = (f"{workdir} already has checkpoints: resuming from step {int(state.step)}; "
+                    f"--init {config.init.source} is not read")
+        # The run's record of its source stays, whatever the config resuming it says.
+        config = dataclasses.replace(config, init=checkpointer.restore_config(latest).init)
+        return FirstState(config, state, latest, note, None)
+    note, loaded = None, None
+    if config.init.source:
+        config, state, loaded = _start_from_source(config, state, mesh)
+        note = init_lib.describe(config)
+    t = config.train
+    if t.normalizer_batches and (not config.init.source or config.init.normalizer == "adapt"):
+        # Like Keras' Normalization.adapt(): start from the dataset's statistics, so even a short
+        # run denormalises its samples correctly.
+        stats = state_lib.image_statistics(data_lib.first_batches(data.train, order, t.normalizer_batches))
+        state = parallel.replicate(state_lib.set_normalizer_stats(state, *stats), mesh)
+    return FirstState(config, state, None, note, loaded)
+
+
+def _source_targets(config: Config, loaded_source, mesh) -> init_lib.SourceTargets | None:
+    """The source model whose predictions a run learns (``init.targets = "source"``), else None; on resume it is
+    read again, and must be the one the run started from."""
+    if config.init.targets != "source":
+        return None
+    checked = loaded_source is None
+    loaded_source = loaded_source or init_lib.load_source(config.init.source)
+    return init_lib.teacher_source(config, loaded_source, mesh, check_digest=checked)
+
+
+def _report_setup(config: Config, workdir: Path, data, start: FirstState, steps_per_epoch: int,
+                  total_steps: int, mesh, say) -> None:
+    """What the run trains on and for how long, in a few lines, and the data report in the work directory."""
+    previous = data_lib.previous_fingerprint(workdir)
+    if start.resumed_step is not None and previous is not None and previous != data.fingerprint:
+        say(f"warning: the data changed since this run last trained ({data.describe()}); training "
+            "goes on, but not with the batches an uninterrupted run would have seen")
+    data.write_report(workdir)
+    say(f"data: {data.describe()} · image {config.model.image_size}x{config.model.image_size} · devices: "
+        f"{jax.device_count()} {jax.default_backend()}, mesh {tuple(mesh.devices.shape)}, global batch "
+        f"{config.train.batch_size}")
+    resuming = f"; resuming from step {int(start.state.step)}" if start.resumed_step is not None else ""
+    say(f"{config.name}: {plural(steps_per_epoch, 'step/epoch')}, {plural(total_steps, 'step')}, workdir "
+        f"{workdir}{resuming}")
+    if start.init_note:
+        say(start.init_note)
+    copying = data_lib.copying_warning(config, len(data.train), total_steps)
+    if copying and int(start.state.step) < total_steps:
+        say(copying)
 
 
 def with_data_classes(config: Config, data) -> Config:
