@@ -7,14 +7,19 @@ from dataclasses import dataclass
 from ddim.config.parsing import ConfigError, at_least, choice
 
 METHODS = ("progressive", "consistency")
+CONSISTENCY_TIMES = ("continuous", "grid")
+CONSISTENCY_PAIRS = ("teacher", "data")
+CONSISTENCY_LOSSES = ("pseudo-huber", "squared")
+CONSISTENCY_WEIGHTINGS = ("inverse-gap", "uniform")
 
 
 @dataclass(frozen=True)
 class DistillConfig:
     """``ddim distill``: progressive distillation (Salimans & Ho 2022, Algorithm 2) of a teacher into few-step
     students, with the guidance scale folded into the student first for class-conditional teachers (Meng et al.
-    2023, stage one), or consistency distillation (Song et al. 2023, Algorithm 2) into one student of 1, 2 or 4
-    steps. Defaults follow the papers' reference code (google-research ``diffusion_distillation``,
+    2023, stage one), or consistency distillation into one student of 1, 2 or 4 steps (consistency tuning, Geng et
+    al. 2024, by default; Song et al. 2023's Algorithm 2 with ``consistency_times = "grid"``,
+    ``consistency_loss = "squared"`` and ``consistency_weighting = "uniform"``). Defaults follow the papers' reference code (google-research ``diffusion_distillation``,
     ``cifar_distill.py``; openai ``consistency_models_cifar10``) where it fits a CPU-sized run; see
     docs/distillation.md."""
 
@@ -23,8 +28,9 @@ class DistillConfig:
     "consistency": one student that samples in any of ``student_steps`` (``--method consistency``)."""
     start_steps: int = 32
     """The teacher's DDIM step count: its deterministic DDIM sample on the uniform grid of this many steps is what
-    the students learn to reproduce in fewer. Progressive: the first round starts from it; consistency: the grid
-    of the ODE steps whose ends the student learns to map to the same image."""
+    the students learn to reproduce in fewer. Progressive: the first round starts from it; consistency on the grid:
+    the grid of the ODE steps whose ends the student learns to map to the same image (unused with continuous
+    times)."""
     end_steps: int = 1
     """The last round's student step count; start_steps / end_steps must be a power of 2 (rounds halve)."""
     round_steps: int = 2000
@@ -71,6 +77,35 @@ class DistillConfig:
     guidance_focus: tuple[float, ...] = (1.0, 2.0)
     """With guidance_sampling "focused": the [lowest, highest] scale half of the draws come from; within
     [guidance_min, guidance_max]."""
+    consistency_times: str = "continuous"
+    """Consistency: where the pairs of points lie. "continuous": a noise level drawn from a log-normal and a second
+    one a gap below it that shrinks stage by stage (consistency tuning, Geng et al. 2024, ECT); "grid": neighbours
+    on the teacher's ``start_steps``-step uniform grid (Song et al. 2023, Algorithm 2)."""
+    consistency_pair: str = "teacher"
+    """Consistency: how the pair's second point is made. "teacher": one step of the guided teacher's ODE from the
+    first (distillation; the guidance scale an input); "data": the same image and noise at the second level (ECT's
+    tuning: no teacher in the step, so no guidance to learn; the student is trained at guidance 1)."""
+    consistency_loss: str = "pseudo-huber"
+    """Consistency: "pseudo-huber" (iCT: sqrt(|d|^2 + c^2) - c per image) or "squared" (the mean squared error)."""
+    consistency_weighting: str = "inverse-gap"
+    """Consistency: "inverse-gap" weighs a pair by 1 / (t - r), its levels' gap (ECT); "uniform" weighs all alike."""
+    consistency_gap_base: float = 2.0
+    """Consistency with continuous times: q, the gap is the level's n(t) / q^(s + 1) at stage s (ECT: 2)."""
+    consistency_stage_steps: int = 2000
+    """Consistency with continuous times: optimiser steps per stage of the gap (ECT: 25,000 at batch 128 on
+    CIFAR-10, for 400,000 steps; a CPU run of 16,000 steps takes eight stages' worth at its scale)."""
+    consistency_first_stage: int = 1
+    """Consistency with continuous times: the stage the run starts at. ECT's authors advise skipping stage 0 (its
+    pairs reach the boundary at low noise: plain diffusion training) when the student starts from a diffusion
+    model, as here."""
+    consistency_time_mean: float = -0.4
+    """Consistency with continuous times: the mean of ln t (ECT's -1.1 on EDM's levels, whose data has standard
+    deviation 0.5: -1.1 + ln 2 on this project's unit-variance levels)."""
+    consistency_time_std: float = 2.0
+    """Consistency with continuous times: the standard deviation of ln t (ECT: 2.0)."""
+    consistency_huber_c: float = 0.00108
+    """Consistency with the pseudo-Huber loss: c over sqrt(d), d the image's numbers (H x W x C): iCT's 0.00054 for
+    data in [-1, 1], doubled for this project's unit-variance data (c = 0.06 at 32x32)."""
     seed: int = 0
     """Seed of the data order, noise, times and guidance scales."""
 
@@ -116,6 +151,19 @@ def _validate_halving(d: DistillConfig) -> None:
 
 
 def _validate_consistency(d: DistillConfig) -> None:
+    choice("distill.consistency_times", d.consistency_times, CONSISTENCY_TIMES)
+    choice("distill.consistency_pair", d.consistency_pair, CONSISTENCY_PAIRS)
+    choice("distill.consistency_loss", d.consistency_loss, CONSISTENCY_LOSSES)
+    choice("distill.consistency_weighting", d.consistency_weighting, CONSISTENCY_WEIGHTINGS)
+    at_least(1, {"distill.consistency_stage_steps": d.consistency_stage_steps})
+    at_least(0, {"distill.consistency_first_stage": d.consistency_first_stage})
+    if not d.consistency_gap_base > 1.0:
+        raise ConfigError(f"distill.consistency_gap_base must be > 1 (the gap shrinks by it every stage), got "
+                          f"{d.consistency_gap_base}")
+    if not d.consistency_time_std > 0.0:
+        raise ConfigError(f"distill.consistency_time_std must be > 0, got {d.consistency_time_std}")
+    if d.consistency_huber_c < 0.0:
+        raise ConfigError(f"distill.consistency_huber_c must be >= 0, got {d.consistency_huber_c}")
     counts = d.student_steps
     if not counts or any(count < 1 or d.start_steps % count for count in counts) or len(set(counts)) < len(counts):
         divisors = ", ".join(str(n) for n in range(1, d.start_steps + 1) if d.start_steps % n == 0)

@@ -10,8 +10,9 @@ Progressive distillation (``distill.method = "progressive"``):
   2022, Algorithm 2), each student starting from its teacher's weights.
 
 Consistency distillation (``"consistency"``) is one phase whose student, started from the teacher's weights,
-learns the consistency function of the teacher's guided probability-flow ODE on its ``start_steps``-step grid
-(Song et al. 2023, Algorithm 2) and samples in any of ``distill.student_steps`` steps.
+learns the consistency function of the teacher's guided probability-flow ODE, at continuous noise levels with a
+gap that shrinks stage by stage (consistency tuning, Geng et al. 2024) or on its ``start_steps``-step grid (Song
+et al. 2023, Algorithm 2), and samples in any of ``distill.student_steps`` steps.
 
 The global step counts on across phases, so a checkpoint's step says which phase it belongs to and resuming is
 exact. JAX-free, so the command line checks a plan before it loads anything.

@@ -65,6 +65,34 @@ def create_student_state(student: DiffusionModel, teacher_variables, config: Con
 
 
 @dataclass(frozen=True)
+class ConsistencySettings:
+    """How consistency distillation makes and scores its pairs (``distill.consistency_*``; static under ``jit``)."""
+
+    continuous: bool
+    """Continuous levels with a shrinking gap (ECT); else neighbours on the teacher's grid (Song et al. 2023)."""
+    teacher_pair: bool
+    """The second point from the guided teacher's ODE step; else the same image and noise (ECT's tuning)."""
+    huber_c: float | None
+    """The pseudo-Huber constant; None: the squared error."""
+    inverse_gap: bool
+    gap_base: float
+    stage_steps: int
+    first_stage: int
+    time_mean: float
+    time_std: float
+
+    @classmethod
+    def of(cls, d: DistillConfig, image_shape: tuple[int, ...]) -> "ConsistencySettings":
+        numbers = 1
+        for size in image_shape:
+            numbers *= size
+        huber = d.consistency_huber_c * numbers ** 0.5 if d.consistency_loss == "pseudo-huber" else None
+        return cls(d.consistency_times == "continuous", d.consistency_pair == "teacher", huber,
+                   d.consistency_weighting == "inverse-gap", d.consistency_gap_base, d.consistency_stage_steps,
+                   d.consistency_first_stage, d.consistency_time_mean, d.consistency_time_std)
+
+
+@dataclass(frozen=True)
 class StepSettings:
     """What a distillation step is specialised on (static under ``jit``)."""
 
@@ -82,13 +110,18 @@ class StepSettings:
     ema_decay: float
     phase_start: int
     """The global step the phase starts at: the weight average warms up from there."""
+    consistency: ConsistencySettings | None = None
+    """Consistency distillation's pairs and loss; None in the other phases."""
 
     @classmethod
     def of(cls, student: DiffusionModel, teacher: DiffusionModel, config: Config, phase: Phase) -> "StepSettings":
         d = config.distill
         focus = tuple(d.guidance_focus) if d.guidance_sampling == "focused" else ()
-        return cls(student, teacher, phase.kind, phase.grid_steps, student.config.class_conditional, d.guidance_min,
-                   d.guidance_max, focus, d.label_dropout, d.ema_decay, phase.start)
+        m = student.config
+        consistency = (ConsistencySettings.of(d, (m.image_size, m.image_size, m.channels))
+                       if phase.kind == CONSISTENCY else None)
+        return cls(student, teacher, phase.kind, phase.grid_steps, m.class_conditional, d.guidance_min,
+                   d.guidance_max, focus, d.label_dropout, d.ema_decay, phase.start, consistency)
 
 
 def distill_step(state: TrainState, teacher_variables, batch, rng, settings: StepSettings):
@@ -96,27 +129,25 @@ def distill_step(state: TrainState, teacher_variables, batch, rng, settings: Ste
 
     The batch's images are noised at a time of the phase's grid; the target is the teacher's guided prediction
     (stage one) or the image of its two DDIM steps (a round), both from :mod:`ddim.distill.targets`, and the loss
-    their truncated-SNR-weighted squared error; in consistency distillation the target is the student's own
-    consistency function (its weights without gradient) one teacher step further along the ODE
-    (:mod:`ddim.distill.targets_consistency`). A class-conditional student gets each image's class (a
-    ``label_dropout`` share of them the null class) and a guidance scale drawn from the distilled range, and its
-    teacher the same.
+    their truncated-SNR-weighted squared error; in consistency distillation (:func:`consistency_loss_fn`) the
+    target is the student's own consistency function (its weights without gradient) at the pair's second point.
+    A class-conditional student gets each image's class (a ``label_dropout`` share of them the null class) and a
+    guidance scale drawn from the distilled range, and its teacher the same.
     """
     rng = jax.random.fold_in(rng, state.step)
     noise_rng, time_rng, guidance_rng, label_rng = jax.random.split(rng, 4)
     teacher = settings.teacher
     images = normalize(teacher, teacher_variables, to_float(batch["image"]))
     batch_size = images.shape[0]
-    index, times = targets.grid_times(time_rng, batch_size, settings.grid_steps)
-    schedule = settings.student.objective.schedule
-    noise_rates, signal_rates = schedule(times)
     noises = jax.random.normal(noise_rng, images.shape, jnp.float32)
-    noisy = diffusion.add_noise(images, noises, noise_rates, signal_rates)
     cond = None
     if settings.conditional:
         cond = class_condition(batch, label_rng, settings.label_dropout)
-        cond["guidance"] = targets.guidance_scales(guidance_rng, batch_size, settings.guidance_min,
-                                                   settings.guidance_max, settings.guidance_focus)
+        data_pair = settings.consistency is not None and not settings.consistency.teacher_pair
+        # Without a teacher in the step there is no guided target: the student learns the plain model (scale 1).
+        cond["guidance"] = (jnp.ones((batch_size,), jnp.float32) if data_pair else
+                            targets.guidance_scales(guidance_rng, batch_size, settings.guidance_min,
+                                                    settings.guidance_max, settings.guidance_focus))
     teacher_denoise = bind_denoiser(teacher, teacher_variables)
 
     def teach(z, rates_noise, rates_signal):
@@ -127,27 +158,61 @@ def distill_step(state: TrainState, teacher_variables, batch, rng, settings: Ste
         return lambda z, rates_noise, rates_signal: denoise(z, rates_noise, rates_signal, cond)
 
     if settings.kind == CONSISTENCY:
-        rates_s = consistency.previous_rates(schedule, index, settings.grid_steps)
-        z_s = consistency.teacher_ode_step(teach, noisy, (noise_rates, signal_rates), rates_s)
-        # The target network is the student's weights without gradient (Song & Dhariwal 2023; Lu & Song 2024).
-        target = consistency.consistency_function(student(state.params), z_s, *rates_s)
-    elif settings.kind == GUIDANCE_STAGE:
-        _, target = teach(noisy, noise_rates, signal_rates)
+        loss_fn = consistency_loss_fn(settings, state, teach, student, images, noises, time_rng)
     else:
-        target = targets.progressive_target(teach, schedule, noisy, index, times, settings.grid_steps)
-    target = jax.lax.stop_gradient(target)
+        index, times = targets.grid_times(time_rng, batch_size, settings.grid_steps)
+        schedule = settings.student.objective.schedule
+        noise_rates, signal_rates = schedule(times)
+        noisy = diffusion.add_noise(images, noises, noise_rates, signal_rates)
+        if settings.kind == GUIDANCE_STAGE:
+            _, target = teach(noisy, noise_rates, signal_rates)
+        else:
+            target = targets.progressive_target(teach, schedule, noisy, index, times, settings.grid_steps)
+        target = jax.lax.stop_gradient(target)
 
-    def loss_fn(params):
-        _, predicted = student(params)(noisy, noise_rates, signal_rates)  # a velocity student's: f(z_t, t)
-        if settings.kind == CONSISTENCY:
-            return consistency.consistency_loss(predicted, target)
-        return targets.truncated_snr_loss(predicted, target, noise_rates, signal_rates)
+        def loss_fn(params):
+            _, predicted = student(params)(noisy, noise_rates, signal_rates)
+            return targets.truncated_snr_loss(predicted, target, noise_rates, signal_rates)
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     new_state = state.apply_gradients(grads=grads)
     # Warm-up from the phase's start: min(decay, (1 + n) / (10 + n)) after n steps of the phase.
     new_state = update_ema(new_state, state.step - settings.phase_start, settings.ema_decay, warmup=True)
     return new_state, {"loss": loss}
+
+
+def consistency_loss_fn(settings: StepSettings, state: TrainState, teach, student, images, noises, rng):
+    """The loss of a consistency step as a function of the student's parameters: the student's ``f(z_t, t)``
+    against its own ``f(z_r, r)`` without gradient (the target network is the student itself, as in iCT and ECT),
+    ``(t, r)`` neighbours on the teacher's grid or continuous levels a shrinking gap apart, ``z_r`` from the guided
+    teacher's ODE step or from the same image and noise (:mod:`ddim.distill.targets_consistency`)."""
+    c = settings.consistency
+    schedule = settings.student.objective.schedule
+    batch_size = images.shape[0]
+    if c.continuous:
+        cleanest, noisiest = (consistency.level_of_rates(*schedule(jnp.float32(t))) for t in (0.0, 1.0))
+        level_t = consistency.sample_levels(rng, batch_size, c.time_mean, c.time_std, cleanest, noisiest)
+        stage = c.first_stage + (state.step - settings.phase_start) // c.stage_steps
+        level_r = consistency.shrinking_gap_level(level_t, stage, c.gap_base, cleanest)
+        rates_t, rates_r = consistency.rates_of_level(level_t), consistency.rates_of_level(level_r)
+    else:
+        index, times = targets.grid_times(rng, batch_size, settings.grid_steps)
+        rates_t = schedule(times)
+        rates_r = consistency.previous_rates(schedule, index, settings.grid_steps)
+        level_t, level_r = consistency.level_of_rates(*rates_t), consistency.level_of_rates(*rates_r)
+    noisy = diffusion.add_noise(images, noises, *rates_t)
+    if c.teacher_pair:
+        z_r = consistency.teacher_ode_step(teach, noisy, rates_t, rates_r)
+    else:
+        z_r = consistency.data_pair_point(images, noises, level_r)
+    target = jax.lax.stop_gradient(consistency.consistency_function(student(state.params), z_r, *rates_r))
+
+    def loss_fn(params):
+        predicted = consistency.consistency_function(student(params), noisy, *rates_t)
+        return consistency.tuning_loss(predicted, target, level_t, level_r, huber_c=c.huber_c,
+                                       inverse_gap=c.inverse_gap)
+
+    return loss_fn
 
 
 @functools.cache

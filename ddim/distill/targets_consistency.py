@@ -29,12 +29,34 @@ the ODE solver from ``t_n`` to ``t_{n-1}`` (here the teacher's guided DDIM step,
 students of progressive distillation follow too; the paper's is Heun's), and pull the student's
 ``f(z_{t_n}, t_n)`` towards the target network's ``f(z_hat_{t_{n-1}}, t_{n-1})`` (:func:`consistency_loss`). At
 ``n = 1`` the target is the teacher's image prediction itself, the last step of its ``N``-step sample.
+
+**Consistency tuning** (the default, ``distill.consistency_times = "continuous"``): Easy Consistency Tuning (Geng
+et al. 2024, ECT; locuslab/ect ``training/loss.py``) with improved consistency training's distance (Song & Dhariwal
+2023, iCT). The student starts from the teacher's weights; a noise level ``t`` is drawn from a log-normal and the
+pair's second level ``r`` lies a gap below it that shrinks by ``q`` every stage (:func:`shrinking_gap_level`); the
+loss is ``w(t, r) d(f(z_t, t), sg f(z_r, r))`` with the pseudo-Huber ``d`` and ``w = 1 / (t - r)``
+(:func:`tuning_loss`). Departures from the papers, and why:
+
+- The pair's second point comes, by default, from one step of the *guided teacher's* ODE (``consistency_pair =
+  "teacher"``: distillation, as the target of CMT's ``ECDGuidLoss`` is the guided teacher's) rather than from the
+  same image and noise (ECT's ``"data"``, also here): a class-conditional student samples with guidance in one
+  pass per step only if its targets carry the guidance scale.
+- The teacher's ODE step is DDIM's (Euler's in ``tau``), as in the grid recipe; the papers use Heun's.
+- Levels are drawn from the log-normal *truncated* to the schedule's range (:func:`sample_levels`), and a second
+  level below the schedule's cleanest one is the boundary: the network was trained only inside that range, and the
+  sampler evaluates it only there. ECT draws from EDM's whole range and clamps ``r`` at 0.
+- Every constant on ECT's noise levels (the log-normal's mean, the gap's ``n(t)``, the pseudo-Huber constant) is
+  rescaled from EDM's data of standard deviation 0.5 to this project's unit-variance data.
+- The target network is the student's weights without gradient (as iCT and ECT); the weight average
+  (``distill.ema_decay``) is only what the student samples with.
+- There is no dropout in this network, so ECT's shared dropout mask has nothing to share.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 
 from ddim import diffusion
@@ -78,3 +100,77 @@ def consistency_loss(student_images, target_images):
     project does not ship)."""
     return jnp.mean(jnp.square(student_images - target_images))
 
+
+
+# --- consistency tuning: continuous times, a shrinking gap, a robust distance ----------------------------------
+#
+# Easy Consistency Tuning (Geng et al. 2024, "Consistency models made easy", ECT; locuslab/ect, training/loss.py)
+# starts from the diffusion model and trains pairs of points (t, r) of one trajectory at continuous noise levels
+# whose gap shrinks stage by stage, with improved consistency training's distance and weighting (Song & Dhariwal
+# 2023, iCT). Their noise level is EDM's: the state ``x + t eps`` of data of standard deviation 0.5. Here the data
+# has unit variance (the model's normaliser), so this project's level ``tau = sigma / alpha`` (the ``t`` of the
+# module docstring) is twice EDM's at the same signal-to-noise ratio; every constant below is ECT's rescaled so.
+
+
+def rates_of_level(tau):
+    """``(noise_rates, signal_rates)`` of the noise level ``tau = sigma / alpha`` (variance preserving:
+    ``sigma = tau / sqrt(1 + tau^2)``, ``alpha = 1 / sqrt(1 + tau^2)``); level 0 is the boundary."""
+    signal = jax.lax.rsqrt(1.0 + jnp.square(tau))
+    return tau * signal, signal
+
+
+def level_of_rates(noise_rates, signal_rates):
+    """The noise level ``tau = sigma / alpha`` of ``(noise_rates, signal_rates)``."""
+    return noise_rates / signal_rates
+
+
+def sample_levels(rng, batch_size: int, mean: float, std: float, lowest: float, highest: float):
+    """Noise levels ``(B, 1, 1, 1)`` with ``ln tau ~ N(mean, std^2)`` (iCT's and ECT's log-normal proposal), truncated
+    to ``[lowest, highest]``: the schedule's own range, where the network was trained and the sampler evaluates it.
+    ECT's ``N(-1.1, 2^2)`` on EDM's levels is ``N(-1.1 + ln 2, 2^2)`` on these."""
+    low, high = (jnp.log(lowest) - mean) / std, (jnp.log(highest) - mean) / std
+    normal = jax.random.truncated_normal(rng, low, high, (batch_size, 1, 1, 1), jnp.float32)
+    return jnp.exp(mean + std * normal)
+
+
+def gap_divisor(stage, base: float):
+    """``q^(s + 1)``: how many times finer than the level itself the pair's gap is at stage ``s`` (ECT, q = 2)."""
+    return jnp.power(jnp.float32(base), jnp.asarray(stage, jnp.float32) + 1.0)
+
+
+def shrinking_gap_level(tau, stage, base: float, lowest: float):
+    """The pair's second level ``r = tau (1 - n(tau) / q^(s + 1))`` with ``n(tau) = 1 + 8 sigmoid(-tau / 2)`` (ECT's
+    ``t_to_r_sigmoid``, k = 8, b = 1 on EDM's levels, so b = 1/2 here): the gap shrinks as the stage ``s`` rises, and
+    is relatively wider at low noise. A level below ``lowest`` (the schedule's cleanest) becomes the boundary, 0:
+    ECT clamps at 0 too, and below the schedule's range the network was never trained, so a target there would
+    come from an untrained input (the sampler never evaluates it there either)."""
+    n = 1.0 + 8.0 * jax.nn.sigmoid(-tau / 2.0)
+    r = tau * (1.0 - n / gap_divisor(stage, base))
+    return jnp.where(r < lowest, 0.0, r)
+
+
+def data_pair_point(images, noises, level_r):
+    """ECT's tuning pair: the same image and noise at level ``r``, ``z_r = alpha_r x + sigma_r eps``; at the
+    boundary the image itself."""
+    noise_rates, signal_rates = rates_of_level(level_r)
+    return signal_rates * images + noise_rates * noises
+
+
+def pseudo_huber(student_images, target_images, c: float):
+    """``sqrt(|a - b|^2 + c^2) - c`` per image (iCT, eq. 9): the l2 distance's robustness to outliers with a smooth
+    minimum; ``(B,)``."""
+    squared = jnp.sum(jnp.square(student_images - target_images), axis=tuple(range(1, student_images.ndim)))
+    return jnp.sqrt(squared + c * c) - c
+
+
+def tuning_loss(student_images, target_images, level_t, level_r, *, huber_c: float | None, inverse_gap: bool):
+    """The batch mean of ``w(t, r) d(f(z_t, t), sg f(z_r, r))``: ``d`` the pseudo-Huber distance with constant
+    ``huber_c`` (None: the mean squared error of :func:`consistency_loss`), ``w = 1 / (t - r)`` with
+    ``inverse_gap`` (ECT's weighting, which keeps the gradient's size as the gap shrinks), else 1."""
+    if huber_c is None:
+        distance = jnp.mean(jnp.square(student_images - target_images), axis=tuple(range(1, student_images.ndim)))
+    else:
+        distance = pseudo_huber(student_images, target_images, huber_c)
+    if inverse_gap:
+        distance = distance / (level_t - level_r).reshape(-1)
+    return jnp.mean(distance)
