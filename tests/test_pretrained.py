@@ -410,8 +410,8 @@ def test_sample_falls_back_to_the_bundled_model_without_runs(use_bundles, tmp_pa
     result = invoke("sample", "--steps", 1, "--num", 2, "--out", "samples", "--no-grid")
     assert result.exit_code == 0, result.output
     notes = [line for line in result.output.splitlines() if "bundled model" in line]
-    assert notes[0] == (f"no checkpoints under runs/: using the bundled model {NAME} (`ddim pretrained` lists "
-                        "them; --workdir or --checkpoint picks a run)")
+    assert notes[0].startswith(f"no checkpoints under runs/: using the bundled model {NAME} (the first by name of "
+                               "the 16x16 models") and "--pretrained, --workdir or --checkpoint picks another" in notes[0]
     assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["0000.png", "0001.png"]
     monkeypatch.setenv(ENV, str(tmp_path / "no-bundles"))
     assert_one_line_error(invoke("sample", "--out", "x"), "no checkpoints found under runs/")
@@ -443,7 +443,7 @@ def test_every_bundled_model_loads_by_its_hash_and_samples(name, monkeypatch):
     assert record["steps"] > 0 and record["images_seen"] == record["steps"] * record["batch_size"]
     assert record["hardware"], "a shipped model says what it was trained on"
     assert [score for score in record["scores"] if score["fid"] is not None], "a shipped model has its FID"
-    assert record["recipe"].startswith(("ddim train ", "ddim distill ", "python benchmarks/rebuild.py ")) \
+    assert record["recipe"].startswith(("ddim train ", "ddim distill ", "python -m benchmarks.release.rebuild ")) \
         and record["wall_time"], "and says how to train it again"
     pipe = ddim.load(f"pretrained:{name}")
     # A distilled student samples with its own step count only; a diffusion model with any.

@@ -327,15 +327,15 @@ def default_checkpoint_source() -> Path | str:
     candidates = [p.parent for p in DEFAULT_RUNS_DIR.glob(f"*/{CHECKPOINTS}") if p.is_dir()]
     if candidates:
         return max(candidates, key=lambda p: Workdir(p).checkpoints.stat().st_mtime)
-    from ddim.pretrained.registry import default_model, source_of
+    from ddim.pretrained.registry import default_choice, source_of
 
     with user_errors():
-        bundled = default_model()
-    if bundled is None:
+        choice = default_choice()
+    if choice is None:
         fail(f"no checkpoints found under {DEFAULT_RUNS_DIR}/ (train first, or pass --workdir or --checkpoint)")
-    typer.echo(f"no checkpoints under {DEFAULT_RUNS_DIR}/: using the bundled model {bundled.name} "
-               "(`ddim pretrained` lists them; --workdir or --checkpoint picks a run)", err=True)
-    return source_of(bundled.name)
+    typer.echo(f"no checkpoints under {DEFAULT_RUNS_DIR}/: using the bundled model {choice.manifest.name} "
+               f"({choice.reason}; --pretrained, --workdir or --checkpoint picks another)", err=True)
+    return source_of(choice.manifest.name)
 
 
 def checkpoint_source(workdir: Optional[Path], checkpoint: Optional[Path],

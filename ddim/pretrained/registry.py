@@ -1,7 +1,7 @@
 """Which models are bundled: the directories beside this module that hold a ``model.json``.
 
 ``ddim.load("pretrained:NAME")`` and ``--pretrained NAME`` name one; the default
-(:data:`PREFERRED_DEFAULT` when it is bundled, else the first by name) is what
+(:mod:`ddim.pretrained.default`: the fastest good model of the largest size, by the records' figures) is what
 ``ddim sample`` falls back to when there is no run under ``runs/``.
 ``$DDIM_PRETRAINED_DIR`` replaces the package's own directory (models kept
 elsewhere; the tests). JAX-free: the CLI lists models without loading any.
@@ -16,12 +16,10 @@ from typing import Any
 
 from ddim.pretrained.bundle import MANIFEST, Manifest, read_manifest
 from ddim.pretrained.bundle_record import BundleRecord
+from ddim.pretrained.default import DefaultChoice, choose_default
 from ddim.pretrained.errors import PretrainedError
 
 PREFIX = "pretrained:"
-PREFERRED_DEFAULT = "flowers64"
-"""The default model when it is bundled, listed first: the larger one (64x64; FIDs of models of different sizes
-are not comparable, so the choice is the image size, not a score)."""
 ENV = "DDIM_PRETRAINED_DIR"
 PACKAGE_ROOT = Path(__file__).parent
 """Where the package's own bundled models lie (``ddim/pretrained/<name>/``)."""
@@ -50,7 +48,8 @@ def available(root: str | os.PathLike | None = None) -> list[Manifest]:
     except FileNotFoundError:
         return []
     models = [read_manifest(directory) for directory in directories if NAME.fullmatch(directory.name)]
-    return sorted(models, key=lambda model: model.name != PREFERRED_DEFAULT)  # stable: the rest stay by name
+    choice = choose_default(models)
+    return sorted(models, key=lambda model: model is not choice.manifest) if choice else models  # stable
 
 
 def find(name: str, root: str | os.PathLike | None = None) -> Manifest:
@@ -65,10 +64,15 @@ def find(name: str, root: str | os.PathLike | None = None) -> Manifest:
 
 
 def default_model(root: str | os.PathLike | None = None) -> Manifest | None:
-    """The model used when none is named (:data:`PREFERRED_DEFAULT`, else the first by name), or None when none
-    is bundled."""
-    models = available(root)
-    return models[0] if models else None
+    """The model used when none is named (:func:`ddim.pretrained.default.choose_default`), or None when none is
+    bundled."""
+    choice = default_choice(root)
+    return choice.manifest if choice else None
+
+
+def default_choice(root: str | os.PathLike | None = None) -> DefaultChoice | None:
+    """The model used when none is named and why, or None when none is bundled."""
+    return choose_default(available(root))
 
 
 def best_guidance(name: str | None) -> float | None:
