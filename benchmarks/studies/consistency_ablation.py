@@ -1,0 +1,180 @@
+"""Consistency tuning against the 2023 recipe, part by part, at equal CPU time: FID, KID and class accuracy.
+
+Run:  python -m benchmarks.studies.consistency_ablation --out runs/consistency-ablation
+          [--teacher pretrained:flowers32] [--config consistency32] [--steps 1000] [--stage-steps 250]
+          [--variants tune cd2023 ...] [--passes 1 2 4] [--guidance 1.5 2] [--num 1000]
+
+Every variant distils the same teacher from the same ``[distill]`` config (``--config``) with a few settings
+changed (:data:`VARIANTS`): consistency tuning as ``ddim distill --method consistency`` runs it by default, Song et
+al. 2023's recipe (``cd2023``: the teacher's grid, the squared error, equal weights), and the tuning recipe with one
+part switched back at a time. Each trains ``--steps`` optimiser steps with gaps shrinking every ``--stage-steps``,
+except where a step costs another CPU time: ECT's own pairs (``tune-data``: no teacher in the step) train for the
+steps the same CPU seconds buy, from the CPU seconds per step measured here first (``<out>/step-costs.json``).
+
+Then each student is scored at every ``--passes`` count and ``--guidance`` scale with ``--num`` samples, ``ddim
+eval``'s protocol (benchmarks.common: all real images at the model's size, the standard FID Inception, KID over all
+samples, class accuracy); ``tune-data`` learns no guidance (it is trained at scale 1), so it is scored at 1.
+Results go to ``<out>/distill.jsonl`` (a rerun skips what is done: ``ddim distill`` resumes its run, a scored row
+is not scored again) and a Markdown table is printed. Ctrl-C stops; the same command goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ddim  # sets the XLA flags before JAX starts
+from ddim.pretrained.registry import pretrained_name
+from ddim.spec import SamplingSpec
+from ddim.workdir import Workdir
+from ddim.workdir.records import read_records
+
+from benchmarks.common import ddim_command, log
+from benchmarks.studies.distill import RESULTS, key, measure, training_cost
+
+COSTS = "step-costs.json"
+VARIANTS = {
+    "tune": ("consistency tuning: continuous levels, shrinking gap, pseudo-Huber, 1 / (t - r), teacher's pairs", []),
+    "cd2023": ("Song et al. 2023: the teacher's grid, squared error, equal weights",
+               ['distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
+                'distill.consistency_weighting="uniform"']),
+    "tune-data": ("tuning with ECT's own pairs: the same image and noise, no teacher", ['distill.consistency_pair="data"']),
+    "tune-squared": ("tuning with the squared error", ['distill.consistency_loss="squared"']),
+    "tune-uniform": ("tuning with equal weights", ['distill.consistency_weighting="uniform"']),
+    "tune-grid": ("tuning's loss and weights on the teacher's grid", ['distill.consistency_times="grid"']),
+}
+UNGUIDED = {"tune-data"}
+"""Variants trained at guidance 1 alone: scored there."""
+
+
+def step_cost(teacher: str, config: str, settings: list[str], repeats: int = 3, steps: int = 3) -> float:
+    """The median CPU seconds of one consistency step with ``settings``, after one that compiles."""
+    import statistics
+
+    import jax
+    import numpy as np
+
+    from ddim.distill import plan as plan_lib
+    from ddim.distill.loop import run_config
+    from ddim.distill.step import StepSettings, create_student_state, distill_step
+    from ddim.model import DiffusionModel
+
+    loaded = ddim.load(teacher)
+    model = loaded.config.model
+    run = run_config(loaded.config, config, ["distill.method=consistency", *settings])
+    (phase,) = plan_lib.plan(model, run)
+    student = DiffusionModel(plan_lib.student_model(model, run, phase))
+    state = create_student_state(student, loaded.variables, run, phase, jax.random.key(0))
+    step_settings = StepSettings.of(student, loaded.model, run, phase)
+    step = jax.jit(lambda s, b, r: distill_step(s, loaded.variables, b, r, step_settings))
+    size = run.distill.batch_size
+    rng = np.random.default_rng(0)
+    batch = {"image": rng.integers(0, 256, (size, *loaded.image_shape), dtype=np.uint8),
+             "label": (np.arange(size) % max(model.num_classes, 1)).astype(np.int32)}
+    state, metrics = step(state, batch, jax.random.key(1))
+    jax.block_until_ready(metrics)
+    seconds = []
+    for _ in range(repeats):
+        started = time.process_time()
+        for _ in range(steps):
+            state, metrics = step(state, batch, jax.random.key(1))
+        jax.block_until_ready(metrics)
+        seconds.append((time.process_time() - started) / steps)
+    return statistics.median(seconds)
+
+
+def steps_of(args, out: Path) -> dict[str, int]:
+    """Each variant's optimiser steps: ``--steps``, or what the same CPU seconds buy where a step costs more or
+    less (measured once, kept in ``<out>/step-costs.json``)."""
+    costs_file = out / COSTS
+    costs = json.loads(costs_file.read_text()) if costs_file.is_file() else {}
+    kinds = {"teacher": [], "data": ['distill.consistency_pair="data"']}
+    for kind, settings in kinds.items():
+        if kind not in costs:
+            costs[kind] = step_cost(args.teacher, args.config, settings)
+            log(f"a step with the {kind}'s pairs: {costs[kind]:.2f} CPU seconds")
+            costs_file.write_text(json.dumps(costs, indent=2) + "\n")
+    steps = {}
+    for name, (_, settings) in VARIANTS.items():
+        kind = "data" if 'distill.consistency_pair="data"' in settings else "teacher"
+        steps[name] = round(args.steps * costs["teacher"] / costs[kind] / 10) * 10
+    return steps
+
+
+def teacher_options(teacher: str) -> list[str]:
+    """``ddim distill``'s options naming ``teacher`` (``pretrained:NAME`` or a work directory)."""
+    name = pretrained_name(teacher)
+    return ["--pretrained", name] if name is not None else ["--workdir", teacher]
+
+
+def distill(args, name: str, steps: int, out: Path) -> Path:
+    """Run (or resume) variant ``name``'s distillation; its student's work directory."""
+    workdir = out / name
+    student = Workdir(workdir).student("consistency")
+    if not Workdir(student).checkpoints.is_dir():
+        settings = [f"distill.consistency_steps={steps}", f"distill.consistency_stage_steps={args.stage_steps}",
+                    "train.eval_every=0", f"train.checkpoint_every={args.stage_steps}", *VARIANTS[name][1]]
+        command = ddim_command("distill", *teacher_options(args.teacher), "--config", args.config, "--out", str(workdir),
+                               *[word for setting in settings for word in ("--set", setting)])
+        log(f"{name}: {' '.join(command[2:])}")
+        if subprocess.run(command).returncode != 0:
+            raise SystemExit(f"error: the distillation of {name} failed (the same command resumes it)")
+    return student
+
+
+def score(args, name: str, student: Path, steps: int, out: Path, done: dict) -> list[dict]:
+    rows = []
+    cost = training_cost(out / name)
+    guidance = [1.0] if name in UNGUIDED else args.guidance
+    for passes in args.passes:
+        for scale in guidance:
+            spec = SamplingSpec(steps=passes, sampler="consistency", guidance=scale)
+            row = measure(name, student, spec, args.num, out, done, student=True)
+            row.update(optimizer_steps=steps, train_seconds=sum(phase["seconds"] for phase in cost))
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| variant | steps | passes | guidance | samples | FID | KID | class acc. |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        accuracy = f"{100 * row['class_accuracy']:.1f} %" if row.get("class_accuracy") is not None else ""
+        lines.append(f"| {row['model']} | {row['optimizer_steps']:,} | {row['passes']} | {row['guidance']:g} | "
+                     f"{row['num']:,} | {row['fid']:.1f} | {row['kid']:.4f} | {accuracy} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the runs, results and the real features' cache")
+    parser.add_argument("--teacher", default="pretrained:flowers32", help="pretrained:NAME or a checkpoint")
+    parser.add_argument("--config", default="consistency32", help="the [distill] config every variant starts from")
+    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps of a variant with the teacher's pairs")
+    parser.add_argument("--stage-steps", type=int, default=250, help="optimiser steps per stage of the gap")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--passes", type=int, nargs="+", default=[1, 2, 4], help="network passes to score")
+    parser.add_argument("--guidance", type=float, nargs="+", default=[1.5, 2.0], help="guidance scales to score")
+    parser.add_argument("--num", type=int, default=1000, help="samples per score")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    steps = steps_of(args, out)
+    done = {key(row): row for row in read_records(out / RESULTS)}
+    rows = []
+    for name in args.variants:
+        student = distill(args, name, steps[name], out)
+        rows += score(args, name, student, steps[name], out, done)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
