@@ -185,3 +185,18 @@ def test_bad_tuning_settings_are_one_error_line_before_anything_is_written(condi
     ]
     _each_one_error_line(cases)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_ablation_gives_each_variant_the_steps_its_cpu_seconds_buy(tmp_path):
+    """Variants of one kind of step train alike; ECT's own pairs (no teacher pass) train for more steps."""
+    import json
+    from types import SimpleNamespace
+
+    from benchmarks.studies import consistency_ablation as ablation
+
+    (tmp_path / ablation.COSTS).write_text(json.dumps({"teacher": 1.2, "data": 0.5}))
+    steps = ablation.steps_of(SimpleNamespace(steps=1000, teacher="pretrained:flowers32", config="consistency32"),
+                              tmp_path)
+    assert steps["tune"] == steps["cd2023"] == steps["tune-grid"] == 1000 and steps["tune-data"] == 2400
+    assert ablation.teacher_options("pretrained:flowers32") == ["--pretrained", "flowers32"]
+    assert ablation.teacher_options("runs/teacher") == ["--workdir", "runs/teacher"]
