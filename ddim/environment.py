@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ddim import runtime
+from ddim import compilation, runtime
 
 PACKAGES = (
     "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "tensorflow", "tensorflow-datasets", "numpy",
@@ -227,10 +227,10 @@ def _caches() -> dict[str, dict[str, Any]]:
     from ddim.data import cache_root
     from ddim.evaluation.fid_weights import cache_dir as fid_cache_dir
 
-    compilation = runtime.compilation_cache_dir()
+    jax_cache = compilation.compilation_cache_dir()
     tfds = os.environ.get("TFDS_DATA_DIR") or str(Path.home() / "tensorflow_datasets")
     return {
-        "compilation": _cache(compilation, None if compilation else "off (DDIM_COMPILATION_CACHE)"),
+        "compilation": _cache(jax_cache, None if jax_cache else "off (DDIM_COMPILATION_CACHE)"),
         "kernels": _cache(runtime.kernel_cache_dir()),
         "data": _cache(cache_root(Config()), "a run's own is <workdir>/data_cache"),
         "fid_weights": _cache(fid_cache_dir()),

@@ -1,4 +1,4 @@
-"""Process-level settings for speed: XLA flags, the C allocator, the persistent compilation cache.
+"""Process-level settings for speed: XLA flags, the C allocator, native code built on demand.
 
 ``configure_xla_flags`` must run before JAX initialises its backend (importing
 ``jax`` is fine, running the first computation is not); ``import ddim`` calls
@@ -17,14 +17,12 @@ Native code that cannot be built (no compiler, no headers, a compiler error)
 costs speed, never a failure: :func:`note` says so in one stderr line per
 process, and ``ddim env`` (:mod:`ddim.environment`) shows what runs.
 
-``tensorflow`` imports TensorFlow (TFDS decoding, TensorBoard events, the
-Keras InceptionV3) on demand, with every GPU hidden from it.
+JAX's persistent compilation cache is :mod:`ddim.compilation`'s, TensorFlow's
+lazy import :mod:`ddim.lazy_tensorflow`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -34,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
+
+from ddim.compilation import CACHE_OFF, cache_root
 
 # XLA:CPU hands reductions (BatchNorm statistics, bias gradients: ~5x faster than XLA's own
 # loops) and stand-alone matmuls (the 1x1 convolutions) to YNNPACK. Convolutions stay with
@@ -59,10 +59,6 @@ RESTARTED_MARK = "DDIM_RESTARTED"
 # front of glibc's malloc, keeps such blocks mapped for reuse (ddim/csrc/keep_large_blocks.c;
 # docs/research/cpu-speed.md).
 KEEP_LARGE_BLOCKS_SOURCE = Path(__file__).resolve().parent / "csrc" / "keep_large_blocks.c"
-
-# The values of DDIM_COMPILATION_CACHE (or --compilation-cache) that turn the caches off.
-CACHE_OFF = ("off", "none", "0")
-
 
 class NativeCodeUnavailable(RuntimeError):
     """Native code that cannot be built or loaded here: the reason (the message) and how to get it (``fix``)."""
@@ -335,116 +331,3 @@ def _for_this_process_only(environ) -> None:
         environ.pop("LD_PRELOAD", None)
     else:
         environ["LD_PRELOAD"] = kept
-
-
-def compile_for_one_call(jitted, *args):
-    """Compile ``jitted`` for ``args`` the cheap way, for code that runs once (parameter init).
-
-    On CPU, LLVM's optimisations are switched off: initialising the flowers64 model
-    draws from the RNG 88 times, and optimising that unrolled threefry code takes
-    ~9 s to compile versus ~3 s without (the result is bit-identical, and the run
-    takes 0.1 s either way). Other backends compile as usual.
-    """
-    import jax
-
-    options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
-    return jitted.lower(*args).compile(compiler_options=options)
-
-
-def cache_root() -> Path:
-    """ddim's per-user cache directory: ``$XDG_CACHE_HOME/ddim``, else ``~/.cache/ddim``."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ddim"
-
-
-def default_cache_dir() -> Path:
-    return cache_root() / "jax"
-
-
-def compilation_cache_dir(directory: str | os.PathLike | None = None) -> Path | None:
-    """``directory`` (else ``$DDIM_COMPILATION_CACHE``, else ``~/.cache/ddim/jax``); None when that is ``"off"``."""
-    choice = directory if directory is not None else os.environ.get("DDIM_COMPILATION_CACHE")
-    if choice is not None and str(choice).lower() in (*CACHE_OFF, ""):
-        return None
-    return Path(choice) if choice is not None else default_cache_dir()
-
-
-def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:
-    """Turn on JAX's persistent compilation cache so repeated runs skip compilation.
-
-    ``directory`` (else ``$DDIM_COMPILATION_CACHE``, else ``~/.cache/ddim/jax``);
-    ``"off"`` disables it. Returns the directory used, or None.
-    """
-    path = compilation_cache_dir(directory)
-    if path is None:
-        return None
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None  # an unusable cache only costs compile time
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    # Cache every program that took noticeable time to compile, whatever its size.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return path
-
-
-# What TensorFlow's C++ libraries print on stderr as they load, before their logging is set up and so whatever
-# TF_CPP_MIN_LOG_LEVEL says (TensorFlow 2.21: once per library): that its oneDNN kernels are on, which CPU
-# instructions the build leaves out. Nothing a user acts on; `ddim --debug` (DDIM_DEBUG=1) shows them.
-TF_IMPORT_NOISE = (
-    "All log messages before absl::InitializeLog() is called are written to STDERR",
-    "oneDNN custom operations are on",
-    "cpu_feature_guard",
-    "This TensorFlow binary is optimized to use available CPU instructions",
-)
-
-
-@contextlib.contextmanager
-def stderr_without(noise: tuple[str, ...]) -> Iterator[None]:
-    """Run the block with the process's stderr (file descriptor 2, which C++ libraries write to) held back,
-    then write back every line that contains none of ``noise``, in order."""
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no stderr to hold back
-        yield
-        return
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
-                    if not any(phrase in line for phrase in noise)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
-
-
-@functools.cache
-def tensorflow():
-    """TensorFlow, imported on first use, with every GPU hidden from it.
-
-    Importing it is slow and only some paths need it; hiding the GPUs keeps it
-    from taking accelerator memory that JAX needs. What its libraries print as
-    they load (:data:`TF_IMPORT_NOISE`, which ``TF_CPP_MIN_LOG_LEVEL``, set by
-    ``import ddim``, does not silence) is left out unless ``DDIM_DEBUG`` is set;
-    its numerics (oneDNN's kernels included) are untouched.
-    """
-    from ddim.errors import debug
-
-    with contextlib.nullcontext() if debug() else stderr_without(TF_IMPORT_NOISE):
-        import tensorflow as tf
-
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:  # pragma: no cover - devices were already initialised
-        pass
-    return tf

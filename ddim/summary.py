@@ -18,7 +18,7 @@ class SummaryWriter:
     """Scalars and images for TensorBoard, in ``logdir``."""
 
     def __init__(self, logdir: str | Path):
-        from ddim.runtime import tensorflow
+        from ddim.lazy_tensorflow import tensorflow
 
         self._tf = tensorflow()
         self._writer = self._tf.summary.create_file_writer(str(logdir))

@@ -29,9 +29,9 @@ if "DDIM_DATA_CACHE" not in os.environ:
     os.environ["DDIM_DATA_CACHE"] = tempfile.mkdtemp(prefix="ddim-test-data-cache-")
     atexit.register(shutil.rmtree, os.environ["DDIM_DATA_CACHE"], ignore_errors=True)
 
-from ddim import runtime  # noqa: E402  (after the variables: ddim sets JAX's flags on import)
+from ddim import compilation, runtime  # noqa: E402  (after the variables: ddim sets JAX's flags on import)
 
-runtime.enable_compilation_cache()
+compilation.enable_compilation_cache()
 # The allocator setting that each `ddim` command would otherwise restart itself to get (a second interpreter
 # start, about 0.35 s on two cores): the suite's many CLI subprocesses start with it.
 os.environ.update(runtime.fast_allocator_environment())
@@ -64,9 +64,9 @@ def run_once(fn, *args):
     for structure tests that run a function once, where compiling dominates."""
     import jax
 
-    from ddim import runtime
+    from ddim import compilation
 
-    return runtime.compile_for_one_call(jax.jit(fn), *args)(*args)
+    return compilation.compile_for_one_call(jax.jit(fn), *args)(*args)
 
 
 def normal(seed: int, shape, scale: float = 1.0):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ddim import objective as objective_lib
-from ddim import runtime
+from ddim import compilation
 from ddim.config import ConfigError
 from ddim.model import DiffusionModel, init_variables
 from ddim.objective import NoisyBatch, Objective
@@ -41,7 +41,7 @@ def _steps(config, count=3):
     objective = Objective.of(config.model, config)
     step = jax.jit(functools.partial(state_lib.train_step, ema_decay=0.999, ema_warmup=True, objective=objective))
     # Compiled the cheap way (LLVM optimisations off): a few steps of a tiny model, where compiling dominates.
-    step = runtime.compile_for_one_call(step, state, _batch(config, seed=0), jax.random.key(1))
+    step = compilation.compile_for_one_call(step, state, _batch(config, seed=0), jax.random.key(1))
     metrics = []
     for i in range(count):
         state, m = step(state, _batch(config, seed=i), jax.random.key(1))

@@ -163,20 +163,3 @@ def test_a_layer_that_does_not_compile_is_left_out(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     assert runtime.keep_large_blocks_library() is None
     assert not list(tmp_path.iterdir())  # nothing half-written left behind
-
-
-def test_stderr_without_drops_the_noise_lines_and_keeps_the_rest(capfd):
-    with runtime.stderr_without(("oneDNN custom operations are on",)):
-        os.write(2, b"I0000 port.cc:153] oneDNN custom operations are on. You may see ...\n")
-        os.write(2, b"something that matters\n")
-    assert capfd.readouterr().err == "something that matters\n"
-
-
-def test_importing_tensorflow_prints_nothing_unless_debugging():
-    """TensorFlow's libraries log as they load whatever TF_CPP_MIN_LOG_LEVEL says (the oneDNN line, the CPU
-    instructions line); a training log must not start with them."""
-    code = "from ddim import runtime; runtime.tensorflow(); print('imported')"
-    env = {key: value for key, value in os.environ.items() if key != "DDIM_DEBUG"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout == "imported\n", done.stderr
-    assert not any(phrase in done.stderr for phrase in runtime.TF_IMPORT_NOISE), done.stderr

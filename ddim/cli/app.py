@@ -207,9 +207,9 @@ def setup_runtime(compilation_cache: Optional[str]) -> None:
 
     (The XLA flags were set when ``ddim`` was imported.)
     """
-    from ddim import onednn, runtime
+    from ddim import compilation, onednn
 
-    runtime.enable_compilation_cache(compilation_cache)
+    compilation.enable_compilation_cache(compilation_cache)
     onednn.prepare_native_code()
 
 

@@ -26,7 +26,7 @@ from ddim.data.loader import (COPYING_PASSES, BatchOrder, batch_order, copying_w
 from ddim.data.preprocess import center_crop_resize
 from ddim.data.report import REPORT_FILE, Data, previous_fingerprint, write_report
 from ddim.data.sources import cache_root, load, load_split, load_split_labels, min_image_size, split_fingerprint
-from ddim.runtime import tensorflow
+from ddim.lazy_tensorflow import tensorflow
 
 __all__ = [
     "BatchOrder", "COPYING_PASSES", "Data", "DataError", "ImageRows", "REPORT_FILE", "batch_order", "cache_root", "center_crop_resize",

@@ -1,6 +1,6 @@
 """A TFDS dataset as a data source: each split expression decoded once into the cache.
 
-TensorFlow is imported lazily (:func:`ddim.runtime.tensorflow`: it is slow to import
+TensorFlow is imported lazily (:func:`ddim.lazy_tensorflow.tensorflow`: it is slow to import
 and only TFDS needs it) and never sees a GPU, so it cannot take accelerator memory from JAX. TensorFlow
 decodes the images (as TFDS always has); cropping and resizing is the shared
 :func:`ddim.data.preprocess.center_crop_resize`, which gives exactly the
@@ -20,7 +20,7 @@ from ddim.config import Config
 import ddim.data.cache as cache_lib
 from ddim.data.errors import DataError
 from ddim.data.preprocess import PREPROCESS_VERSION, center_crop_resize
-from ddim.runtime import tensorflow
+from ddim.lazy_tensorflow import tensorflow
 
 
 def _unreadable(error, dataset: str, split: str) -> Exception:

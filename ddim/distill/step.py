@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from ddim import diffusion, parallel, runtime
+from ddim import compilation, diffusion, parallel
 from ddim.config import Config, ConfigError, DistillConfig
 from ddim.distill import targets
 from ddim.distill import targets_consistency as consistency
@@ -37,7 +37,7 @@ def student_variables(student: DiffusionModel, teacher_variables: dict[str, Any]
     """The teacher's variables in the student's structure: every teacher weight kept, the student's new ones (the
     guidance embedding, initialised to zero output) from their initialisers."""
     init = jax.jit(functools.partial(init_variables, student))
-    fresh = jax.device_get(runtime.compile_for_one_call(init, rng)(rng))
+    fresh = jax.device_get(compilation.compile_for_one_call(init, rng)(rng))
     merged = {}
     for collection in ("params", "batch_stats"):
         given = traverse_util.flatten_dict(jax.device_get(teacher_variables[collection]))

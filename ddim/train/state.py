@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from flax.training import train_state
 
-from ddim import parallel, runtime
+from ddim import compilation, parallel
 from ddim.checkpoint.ema import ema_variables as checkpoint_ema_variables
 from ddim.config import Config, ConfigError
 from ddim.model import DiffusionModel, init_variables
@@ -84,7 +84,7 @@ def create_train_state(config: Config, rng, mesh=None, total_steps: int | None =
     """
     model = DiffusionModel(config.model)
     init = jax.jit(functools.partial(init_variables, model))
-    variables = runtime.compile_for_one_call(init, rng)(rng)
+    variables = compilation.compile_for_one_call(init, rng)(rng)
     params, batch_stats = variables["params"], variables["batch_stats"]
     state = TrainState.create(
         apply_fn=model.apply,
