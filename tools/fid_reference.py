@@ -141,12 +141,24 @@ def compare(args) -> None:
 
 
 def pytorch_fid_check(args) -> None:
-    import tempfile
+    model, network = _pytorch_fid_with_reference_weights()
+    result = {"max_feature_difference_pytorch_fid_vs_torchscript": _difference_from_torchscript(network)}
+    state = {k: v for k, v in model.state_dict().items()}
+    result.update(_saved_formats_convert_to_standard(state))
+    lines = [f"# pytorch-fid 0.3.0 FID InceptionV3 state_dict keys and shapes (torchvision {__import__('torchvision').__version__});",
+             "# written by: python tools/fid_reference.py pytorch-fid"]
+    lines += [f"{name} {'x'.join(map(str, t.shape)) or '-'}" for name, t in state.items()]
+    args.keys.write_text("\n".join(lines) + "\n")
+    result["keys"] = len(state)
+    print(json.dumps(result, indent=1))
 
+
+def _pytorch_fid_with_reference_weights():
+    """pytorch-fid's FID InceptionV3 and its feature network (pool3), loaded with fid-helper's weights through
+    ddim's name mapping; the feature network leaves out its own resizing and scaling (the TorchScript's inputs)."""
     import torch
     from pytorch_fid import inception as pytorch_fid_inception
 
-    from ddim.evaluation import fid_weights
     from ddim.evaluation.fid_weight_names import canonical_weights, from_pytorch_fid
     from ddim.evaluation.torch_reader import read_torch_file
 
@@ -179,10 +191,15 @@ def pytorch_fid_check(args) -> None:
     torch.nn.Module.load_state_dict = load_with_keys
     try:
         model = pytorch_fid_inception.fid_inception_v3().eval()
-        # pytorch-fid's feature network (pool3), minus its own resizing and scaling: same inputs as the TorchScript.
         network = pytorch_fid_inception.InceptionV3(resize_input=False, normalize_input=False).eval()
     finally:
         torch.nn.Module.load_state_dict = original_load
+    return model, network
+
+
+def _difference_from_torchscript(network) -> float:
+    """The largest difference between ``network``'s features and the TorchScript network's, on random images."""
+    import torch
 
     images = np.random.default_rng(0).integers(0, 256, size=(4, 299, 299, 3), dtype=np.uint8)
     x = (torch.from_numpy(images).permute(0, 3, 1, 2).float() - 128) / 128
@@ -190,21 +207,25 @@ def pytorch_fid_check(args) -> None:
     with torch.no_grad():
         ours = network(x)[0].reshape(4, -1).numpy()
         theirs = scripted(x).numpy()
-    result = {"max_feature_difference_pytorch_fid_vs_torchscript": float(np.abs(ours - theirs).max())}
+    return float(np.abs(ours - theirs).max())
 
-    state = {k: v for k, v in model.state_dict().items()}
+
+def _saved_formats_convert_to_standard(state) -> dict[str, bool]:
+    """Whether ``state``, saved in PyTorch's zip and legacy formats, converts to the standard weights in each."""
+    import tempfile
+
+    import torch
+
+    from ddim.evaluation import fid_weights
+
+    result = {}
     with tempfile.TemporaryDirectory() as tmp:
         for fmt, zip_format in (("zip", True), ("legacy", False)):
             path = Path(tmp) / f"pt_inception_{fmt}.pth"
             torch.save(state, path, _use_new_zipfile_serialization=zip_format)
             meta = fid_weights.convert(path, Path(tmp) / f"{fmt}.npz")
             result[f"{fmt}_format_digest_is_standard"] = meta["digest"] == fid_weights.STANDARD_DIGEST
-    lines = [f"# pytorch-fid 0.3.0 FID InceptionV3 state_dict keys and shapes (torchvision {__import__('torchvision').__version__});",
-             "# written by: python tools/fid_reference.py pytorch-fid"]
-    lines += [f"{name} {'x'.join(map(str, t.shape)) or '-'}" for name, t in state.items()]
-    args.keys.write_text("\n".join(lines) + "\n")
-    result["keys"] = len(state)
-    print(json.dumps(result, indent=1))
+    return result
 
 
 def fixtures(args) -> None:
