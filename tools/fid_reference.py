@@ -33,16 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import ddim  # noqa: F401  (XLA flags before JAX starts; installed in the reference's environment, `pip install -e .`)
 
-import ddim  # noqa: E402,F401  (XLA flags before JAX starts)
+REPO = Path(__file__).resolve().parents[1]
 
 
 def reference_extractor(batch_size: int = 16):
