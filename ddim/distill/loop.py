@@ -300,7 +300,13 @@ class DistillationRun(RunOutputs):
     def train_phase(self, job: PhaseJob, state: TrainState, step: int) -> PhaseEnd:
         """Train ``job``'s phase from ``state`` at global ``step`` to its end or a stop; returns where it got."""
         phase, config, metrics = job.phase, job.config, MetricsBuffer()
-        actions = [LogTrainMetrics(config, metrics, self.progress), SaveCheckpoint(config, self.checkpointer, metrics)]
+        d = self.config.distill
+
+        def ema_decay(step: int) -> float:  # as the step averages: warmed up from the phase's start
+            return float(state_lib.ema_decay_at(step - 1 - phase.start, d.ema_decay, True))
+
+        actions = [LogTrainMetrics(config, metrics, self.progress, ema_decay),
+                   SaveCheckpoint(config, self.checkpointer, metrics)]
         if config.train.eval_every:
             spec = SamplingRules.of(config.model).defaults  # the student's own steps and sampler
             actions.append(SampleGrid(config, job.student, self.grid_rng, self.workdir, True, spec=spec))

@@ -172,10 +172,14 @@ class LogTrainMetrics(PeriodicAction):
     report of its own, its seconds, so that no rate includes it.
     """
 
-    def __init__(self, config: Config, metrics: MetricsBuffer, progress: Progress):
+    def __init__(self, config: Config, metrics: MetricsBuffer, progress: Progress,
+                 ema_decay: Callable[[int], float] | None = None):
         t = config.train
         self.when = Every(steps=t.log_every, epochs=1, at_end=True, on_stop=True)
         self.config, self.metrics, self.progress = config, metrics, progress
+        # The decay the step just taken averaged with: training's, unless the run averages otherwise (a
+        # distillation phase warms its own up from the phase's start).
+        self.ema_decay = ema_decay or (lambda step: float(state_lib.ema_decay_at(step - 1, t.ema_decay, t.ema_warmup)))
         self._last_step, self._last_seconds = None, 0.0
 
     def due(self, info: StepInfo) -> bool:
@@ -194,7 +198,7 @@ class LogTrainMetrics(PeriodicAction):
             status = f"{format_metrics(means)} {rate:.1f} img/s"
         self._last_step, self._last_seconds = info.step, seconds
         self.progress.update(info.step, status)
-        decay = float(state_lib.ema_decay_at(info.step - 1, t.ema_decay, t.ema_warmup))
+        decay = self.ema_decay(info.step)
         scalars = {f"train/{name}": value for name, value in means.items()}
         scalars.update({"train/first_step_seconds": seconds} if first else {"train/images_per_second": rate})
         scalars["train/ema_decay"] = decay
