@@ -1,8 +1,12 @@
-"""What the quality benchmarks share: logging, the model to measure, and FID as ``ddim eval --split all`` scores it."""
+"""What the benchmarks share: logging, the ``ddim`` command, a free port, JSON results, the model to measure, and
+FID as ``ddim eval --split all`` scores it."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -11,6 +15,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def ddim_command(*args: str) -> list[str]:
+    """``ddim ARGS`` as a child process of this interpreter (the ``ddim`` on the PATH may be another install's)."""
+    return [sys.executable, "-m", "ddim.cli", *args]
+
+
+def free_port() -> int:
+    """A TCP port of localhost that no one listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def print_json(result, out: str | os.PathLike | None = None) -> None:
+    """Print ``result`` as indented JSON, and write the same text to ``out`` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -58,12 +82,12 @@ def fid_request(source, spec, num: int, eval_root: Path, *, seed: int = 0, batch
 def earlier_record(source, spec, num: int, eval_root: Path, *, seed: int = 0, batch_size: int = 64) -> dict | None:
     """The ``<eval_root>/eval.jsonl`` record of this very measurement (:func:`fid_request`), if one is there.
 
-    A record matches when it scored the same checkpoint path (a step directory, as ``curve.py`` passes; a work
+    A record matches when it scored the same checkpoint path (a step directory, as ``curve`` passes; a work
     directory or bundled name never matches, since its step is only known once loaded) with the request's
     sampling (no guidance is 1, plain conditional sampling), seed, number of samples, batch size (the batches
     draw the noise and the classes), split, networks and KID subset size, classes drawn as the data has them.
     Records written before the batch size was recorded never match. So benchmarks that share an eval root
-    (curve.py's checkpoint at step N and guidance.py's guidance 1 of it) pay for a measurement once.
+    (``curve``'s checkpoint at step N and ``guidance``'s guidance 1 of it) pay for a measurement once.
     """
     from ddim.spec import guidance_scale
     from ddim.workdir import Workdir

@@ -1,7 +1,8 @@
 """Faults of the environment: damaged checkpoints, a full disk, a read-only or busy work directory,
 missing dataset files, kill -9 during a save, and a stop signalled to one of two processes.
 
-benchmarks/faults.py runs the long campaign (20+ kills at random moments); these are the cases CI runs.
+benchmarks.faults.campaign runs the long campaign (20+ kills at random moments); these are the cases CI runs. Both
+inject their faults with benchmarks.faults.inject, whose injectors are tested here too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 import ddim
+from benchmarks.faults import inject
 from ddim import checkpoint as ckpt
 from ddim.cli import app
 from ddim.errors import environment_error, path_in_message
@@ -70,27 +72,13 @@ def _tiny_cli(*extra: str) -> list[str]:
 # Damaged checkpoints ------------------------------------------------------------------------------
 
 
-def _truncate_data(step_dir: Path) -> None:
-    for file in (step_dir / "state").rglob("d/*"):
-        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
-
-
-DAMAGES = {
-    "truncated data file": (_truncate_data, "a data file is truncated"),
-    "deleted manifest": (lambda d: (d / "state" / "manifest.ocdbt").unlink(), "state/manifest.ocdbt is missing"),
-    "garbage metadata JSON": (lambda d: (d / "state" / "_METADATA").write_text("{garbage"),
-                              "state/_METADATA is not valid JSON"),
-    "empty step directory": (lambda d: (shutil.rmtree(d), d.mkdir()), "the directory is empty"),
-    "missing config item": (lambda d: shutil.rmtree(d / "config"), "its 'config' item is missing"),
-}
-
-
-@pytest.mark.parametrize("damage", list(DAMAGES))
+@pytest.mark.parametrize("damage", list(inject.DAMAGES))
 def test_damaged_newest_checkpoint_is_skipped_set_aside_and_never_latest_again(trained_workdir, tmp_path, damage):
+    """Each damage the campaign injects is one ddim tells by its reason (so each injector does damage)."""
     workdir = _copy(trained_workdir, tmp_path)
-    damage_fn, reason = DAMAGES[damage]
+    reason = inject.DAMAGES[damage].reason
     newest = Workdir(workdir).checkpoints / "6"
-    damage_fn(newest)
+    inject.DAMAGES[damage].apply(newest)
     # Named explicitly, a damaged step is an error that says why, and nothing moves.
     with pytest.raises(ckpt.CheckpointError, match=f"checkpoint {newest} is damaged: {reason}"):
         ddim.load(newest)
@@ -111,7 +99,7 @@ def test_damaged_newest_checkpoint_is_skipped_set_aside_and_never_latest_again(t
 @pytest.mark.slow
 def test_resume_skips_a_damaged_checkpoint_and_ends_bit_identical(trained_workdir, tmp_path, monkeypatch):
     workdir = _copy(trained_workdir, tmp_path)
-    _truncate_data(Workdir(workdir).checkpoints / "6")
+    inject.truncate_data_files(Workdir(workdir).checkpoints / "6")
     real, holders = state_lib.compiled_steps, []
 
     def observed(config, mesh=None, source=None):  # who holds the work directory while each step runs
@@ -174,47 +162,14 @@ def test_environment_errors_are_phrases():
     assert path_in_message(RuntimeError("NotFoundError: /data/a.tfrecord; No such file")) == "/data/a.tfrecord"
 
 
-def _mount_tmpfs(path: Path, size_kib: int) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)], capture_output=True)
-    return done.returncode == 0
-
-
-def _unmount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4 MiB tmpfs (root, as in this project's CI), or None where mounting is not allowed."""
     mount = tmp_path / "small"
-    mounted = _mount_tmpfs(mount, 4096)
+    mounted = inject.mount_tmpfs(mount, 4096)
     yield mount if mounted else None
     if mounted:
-        _unmount(mount)
-
-
-def _fill(directory: Path) -> Path:
-    """Write a file until the file system is full; returns it.
-
-    Unbuffered: a buffered file would try to flush its last partial block again on close and raise
-    ENOSPC there, out of this function, into the training step that called it.
-    """
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        for size in (1 << 16, 1 << 12, 1):  # smaller and smaller writes, to the last byte
-            block = b"\0" * size
-            try:
-                while True:
-                    os.write(fd, block)
-            except OSError as error:
-                assert error.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
+        inject.unmount(mount)
 
 
 @pytest.mark.slow
@@ -234,10 +189,10 @@ def test_disk_full_during_a_save_is_one_line_keeps_the_last_checkpoint_and_resum
         def step(state, images, rng):
             if int(state.step) == 5 and not filler:
                 deadline = time.monotonic() + 60
-                while not (checkpoints / "4").is_dir() or list(checkpoints.glob("*.orbax-checkpoint-tmp*")):
+                while not (checkpoints / "4").is_dir() or inject.partial_saves(checkpoints):
                     assert time.monotonic() < deadline
                     time.sleep(0.01)
-                filler.append(_fill(workdir) if small_disk else None)
+                filler.append(inject.fill(workdir) if small_disk else None)
             return step_fn(state, images, rng)
 
         return step, eval_fn
@@ -275,7 +230,7 @@ def test_read_only_work_directory_is_one_line_and_still_samples(trained_workdir,
     if small_disk is not None:  # root: a read-only file system (permissions do not stop root)
         workdir = small_disk / "run"
         shutil.copytree(trained_workdir, workdir)
-        assert subprocess.run(["mount", "-o", "remount,ro", str(small_disk)]).returncode == 0
+        assert subprocess.run(inject.remount_command(small_disk, "ro")).returncode == 0
         expected = "read-only file system"
     else:
         workdir = _copy(trained_workdir, tmp_path)
@@ -297,12 +252,7 @@ def test_missing_dataset_file_is_one_line(tmp_path):
         pytest.skip(NO_FLOWERS)
     from ddim import data as data_lib
 
-    copy = tmp_path / "tfds" / "oxford_flowers102" / "2.1.1"
-    copy.mkdir(parents=True)
-    for file in (data / "oxford_flowers102" / "2.1.1").iterdir():
-        if "train.tfrecord" not in file.name:
-            (copy / file.name).symlink_to(file)
-    config = tiny_config(f"data.data_dir={tmp_path / 'tfds'}")
+    config = tiny_config(f"data.data_dir={inject.without_train_files(data, tmp_path / 'tfds')}")
     with pytest.raises(data_lib.DataError, match=r"file not found: .*oxford_flowers102-train\.tfrecord.*prepare it again"):
         data_lib.load_split(config, "train[:10]", cache_dir=tmp_path / "cache")
 
@@ -359,25 +309,14 @@ def _worker(mode: str, args: dict, env_extra: dict | None = None) -> subprocess.
 
 
 def _kill_during_a_save(process: subprocess.Popen, checkpoints: Path, timeout: float = 300) -> str:
-    """SIGKILL ``process`` while a checkpoint is being written; returns the name of that temporary directory.
-
-    The process is frozen (SIGSTOP) as soon as a temporary directory shows up
-    and killed only if the save is still unfinished, so the kill provably lands
-    mid-write.
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        partial = list(checkpoints.glob("*.orbax-checkpoint-tmp*")) if checkpoints.is_dir() else []
-        if partial:
-            process.send_signal(signal.SIGSTOP)
-            if partial[0].exists():
-                process.kill()
-                process.wait()
-                return partial[0].name
-            process.send_signal(signal.SIGCONT)
-        time.sleep(0.001)
+    """SIGKILL ``process`` while a checkpoint is being written (frozen in it, so the kill provably lands
+    mid-write); returns the name of that temporary directory."""
+    partial = inject.freeze_during_a_save(process, checkpoints, timeout=timeout)
     process.kill()
-    pytest.fail(f"no save to interrupt (exit {process.wait()}): {process.stderr.read()[-2000:]}")
+    code = process.wait()
+    if partial is None:
+        pytest.fail(f"no save to interrupt (exit {code}): {process.stderr.read()[-2000:]}")
+    return partial.name
 
 
 @pytest.mark.slow  # a worker process killed mid-save, then the resume: about 30 s on two cores
@@ -392,7 +331,7 @@ def test_kill_9_during_a_save_resumes_to_bit_identical_parameters(trained_workdi
     with mock_flowers():
         result = loop.train(tiny_config("train.checkpoint_every=1"), workdir, **QUIET)
     assert result.start_step == (max(complete) if complete else 0) and result.final_step == 6
-    assert not list(Workdir(workdir).checkpoints.glob("*.orbax-checkpoint-tmp*"))  # the partial save is gone
+    assert not inject.partial_saves(Workdir(workdir).checkpoints)  # the partial save is gone
     _assert_same_state(_state(Workdir(workdir).checkpoints, 6), _state(Workdir(trained_workdir).checkpoints, 6))
 
 
@@ -430,3 +369,92 @@ def test_a_stop_on_one_of_two_processes_stops_both_at_one_step_with_one_checkpoi
     assert final >= signalled
     steps = ckpt.Checkpointer(Workdir(tmp_path / "run").checkpoints, create=False).all_steps()
     assert steps[-1] == final and not list(Workdir(tmp_path / "run").checkpoints.glob("*tmp*"))
+
+
+# The injectors themselves ---------------------------------------------------------------------------------
+
+
+def test_truncating_a_checkpoint_halves_every_data_file(trained_workdir, tmp_path):
+    step = _copy(trained_workdir, tmp_path) / "checkpoints" / "6"
+    files = sorted((step / "state").rglob("d/*"))
+    before = [file.stat().st_size for file in files]
+    assert files and all(before)
+    inject.truncate_data_files(step)
+    assert [file.stat().st_size for file in files] == [size // 2 for size in before]
+
+
+def test_the_small_disk_is_that_small_and_fill_leaves_no_byte(small_disk):
+    if small_disk is None:
+        pytest.skip("mounting a tmpfs needs root here")
+    stats = os.statvfs(small_disk)
+    assert stats.f_blocks * stats.f_frsize == 4096 * 1024
+    filler = inject.fill(small_disk)
+    assert filler.stat().st_size > 3 * 1024 * 1024
+    with pytest.raises(OSError) as error:
+        (small_disk / "one-more").write_bytes(b"\0" * 4096)
+    assert error.value.errno == errno.ENOSPC
+    filler.unlink()
+    assert subprocess.run(inject.remount_command(small_disk, "ro")).returncode == 0
+    with pytest.raises(OSError, match="Read-only file system"):
+        (small_disk / "after").write_text("x")
+
+
+def test_a_dataset_without_its_train_files_keeps_the_others(tmp_path):
+    data = tmp_path / "data" / "oxford_flowers102" / "2.1.1"
+    data.mkdir(parents=True)
+    for name in ("dataset_info.json", "oxford_flowers102-train.tfrecord-00000-of-00001",
+                 "oxford_flowers102-test.tfrecord-00000-of-00001"):
+        (data / name).write_text(name)
+    copy = inject.without_train_files(tmp_path / "data", tmp_path / "copy")
+    kept = copy / "oxford_flowers102" / "2.1.1"
+    assert sorted(path.name for path in kept.iterdir()) == ["dataset_info.json",
+                                                            "oxford_flowers102-test.tfrecord-00000-of-00001"]
+    assert (kept / "dataset_info.json").resolve() == data / "dataset_info.json"
+
+
+def _writer(checkpoints: Path, script: str) -> subprocess.Popen:
+    """A process that writes (or pretends to write) checkpoints into ``checkpoints`` as ``script`` says."""
+    code = f"import os, pathlib, time\ncheckpoints = pathlib.Path({str(checkpoints)!r})\n{script}"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def _stopped(process: subprocess.Popen, timeout: float = 5.0) -> bool:
+    """Whether the process is stopped (state ``T``) within ``timeout`` seconds: a signal takes effect a moment
+    after it is sent."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_save_in_progress_freezes_its_writer_and_a_finished_one_does_not(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    # A write that finishes at once (renamed into place) lets the writer go on; the next, unfinished, freezes it.
+    writer = _writer(checkpoints, "time.sleep(0.5)\n(checkpoints / '4.orbax-checkpoint-tmp-1').mkdir()\n"
+                                  "os.rename(checkpoints / '4.orbax-checkpoint-tmp-1', checkpoints / '4')\n"
+                                  "time.sleep(0.5)\n(checkpoints / '6.orbax-checkpoint-tmp-2').mkdir()\n"
+                                  "time.sleep(60)")
+    try:
+        partial = inject.freeze_during_a_save(writer, checkpoints, timeout=30)
+        assert partial == checkpoints / "6.orbax-checkpoint-tmp-2"
+        assert _stopped(writer) and (checkpoints / "4").is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_writer_that_ends_without_a_new_save_is_not_frozen(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    leftover = checkpoints / "2.orbax-checkpoint-tmp-0"
+    leftover.mkdir()
+    os.utime(leftover, (time.time() - 60, time.time() - 60))  # an earlier run's
+    since = time.time()
+    assert inject.partial_saves(checkpoints) == [leftover] and inject.partial_saves(checkpoints, since) == []
+    writer = _writer(checkpoints, "time.sleep(0.5)")
+    assert inject.freeze_during_a_save(writer, checkpoints, since, timeout=30) is None
+    assert writer.wait() == 0
