@@ -157,7 +157,7 @@ def test_a_stopped_tuning_run_resumes_in_its_stage_to_the_same_student(condition
     """Stopped at step 3 (the second stage of the gap), resumed: the student an unstopped run makes."""
     from ddim.checkpoint import load_ema
     from ddim.distill import distill
-    from tests.test_distill import _stop_at_call
+    from tests.distill_helpers import stop_at_call as _stop_at_call
 
     settings = [*TUNING, f'distill.consistency_pair="{pair}"']
     distill(conditional_workdir, tmp_path / "straight", overrides=settings, log=lambda m: None)
@@ -175,7 +175,7 @@ def test_a_stopped_tuning_run_resumes_in_its_stage_to_the_same_student(condition
 
 
 def test_bad_tuning_settings_are_one_error_line_before_anything_is_written(conditional_workdir, tmp_path):
-    from tests.test_distill import _each_one_error_line
+    from tests.distill_helpers import each_one_error_line as _each_one_error_line
 
     cases = [
         (["distill", "--workdir", conditional_workdir, "--out", tmp_path / "a", "--method", "consistency", "--set",
