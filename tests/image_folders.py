@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
 import struct
 import zlib
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from tests.conftest import tiny_config
 
 
 def smooth_image(seed: int, height: int, width: int) -> np.ndarray:
@@ -116,3 +119,13 @@ def write_plain_folder(root: Path, count: int, classes: tuple[str, ...] = (), si
         Image.fromarray(smooth_image(100 + i, size + i % 5, size + 3)).save(root / path)
         paths.append(path)
     return paths
+
+
+def folder_config(root, *overrides):
+    """The tiny test config, training on the image folder ``root``."""
+    return tiny_config(f"data.image_dir={json.dumps(str(root))}", *overrides)
+
+
+def quiet(messages=None):
+    """A log function: drops every message, or appends it to ``messages``."""
+    return (lambda message: None) if messages is None else messages.append

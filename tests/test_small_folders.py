@@ -2,15 +2,9 @@
 (train.max_images), every image trained below data.holdout_min_images, and a warning past the passes where
 samples start to copy the training images."""
 
-import json
-
 from ddim import data as data_lib
 from tests.conftest import tiny_config
-from tests.image_folders import write_plain_folder
-
-
-def folder_config(root, *overrides):
-    return tiny_config(f"data.image_dir={json.dumps(str(root))}", *overrides)
+from tests.image_folders import folder_config, write_plain_folder
 
 
 def test_a_small_folders_epoch_repeats_its_images_up_to_min_epoch_images():
