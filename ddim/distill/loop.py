@@ -22,7 +22,6 @@ the one it reached (:class:`PhaseEnd`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -116,17 +115,8 @@ def distill(teacher: str | Path, workdir: str | Path, config_file: str | Path | 
     except BaseException:
         lock.release()
         raise
-    try:
-        result = run.train(resumed)
-        run.close()  # waits for the last save, which can fail too
-    except BaseException as error:
-        with contextlib.suppress(Exception):  # the error that ended the run is the one to report
-            run.close()
-        explained = run.explain(error)
-        if explained is None:
-            raise
-        raise explained from None
-    return result
+    with run.closing():
+        return run.train(resumed)
 
 
 class Resumed(NamedTuple):

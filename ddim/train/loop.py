@@ -63,21 +63,13 @@ def train(config: Config, workdir: str | Path, log=None, kid_extractor_factory=N
         with contextlib.suppress(OSError):  # a record is not worth the run
             append_record(Workdir(run.workdir).train_file,
                           training_record(run.config, run.start_step, run.total_steps))
-    try:
+    with run.closing():
         actions = default_actions(run, kid_extractor_factory)
         train_step, _ = state_lib.compiled_steps(run.config, run.mesh, source=run.source)
         stretch = run_steps(run, lambda state, batch: train_step(state, batch, run.train_rng), run.state,
                             run.train_batches(), start_step=run.start_step, end_step=run.total_steps,
                             total_steps=run.total_steps, steps_per_epoch=run.steps_per_epoch, actions=actions,
                             metrics=run.metrics, mesh=run.mesh)
-        run.close()  # waits for the last save, which can fail too
-    except BaseException as error:
-        with contextlib.suppress(Exception):  # the error that ended the run is the one to report
-            run.close()
-        explained = run.explain(error)
-        if explained is None:
-            raise
-        raise explained from None
     return TrainResult(stretch.state, run.start_step, stretch.step, stretch.stopped, run.metrics.last_mean)
 
 

@@ -5,11 +5,12 @@ run's periodic actions (:mod:`ddim.train.actions`: logging, checkpoints, grids, 
 end, on a stop request (Ctrl-C, SIGTERM: the step every process agrees on) or on an error. However it ends,
 every action's ``finish`` runs once (on an error: a crash save of the newest intact state), so a caller never
 handles the actions itself. :class:`RunOutputs` is what a run reports and saves through, and how its errors become
-one line for the user (:meth:`RunOutputs.explain`).
+one line for the user (:meth:`RunOutputs.closing`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -63,6 +64,21 @@ class RunOutputs:
             self.progress.close()
             if self.lock is not None:
                 self.lock.release()
+
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[None]:
+        """Close the run after the block; an error that ended it, or the closing (the last save can fail too),
+        leaves as the one line of :meth:`explain` where there is one."""
+        try:
+            yield
+            self.close()
+        except BaseException as error:
+            with contextlib.suppress(Exception):  # the error that ended the run is the one to report
+                self.close()
+            explained = self.explain(error)
+            if explained is None:
+                raise
+            raise explained from None
 
     @property
     def reached_step(self) -> int | None:
