@@ -23,6 +23,7 @@ import pytest
 from ddim import evaluation
 from ddim.evaluation import keras_inception
 from tests.conftest import mock_flowers
+from tests.tiny_fid import tiny_extractor, tiny_network  # noqa: F401  (other tests import them from here)
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = "smoke"
@@ -42,22 +43,6 @@ def smoke_workdir(trained_workdir, tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("eval_smoke") / "run"
     shutil.copytree(trained_workdir, workdir)
     return workdir
-
-
-def tiny_network(image_size: int):
-    """A random conv net with InceptionV3's output shape (N, 2048); fixed seeds, so always the same weights."""
-    _, keras = evaluation.tf_keras()
-    inputs = keras.Input((image_size, image_size, 3))
-    x = keras.layers.Conv2D(
-        8, 3, strides=4, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=1)
-    )(inputs)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    outputs = keras.layers.Dense(2048, kernel_initializer=keras.initializers.GlorotUniform(seed=2))(x)
-    return keras.Model(inputs, outputs)
-
-
-def tiny_extractor(image_size: int, batch_size: int = 32) -> evaluation.KerasFeatureExtractor:
-    return evaluation.KerasFeatureExtractor(tiny_network(image_size), image_size, f"test-random-net@{image_size}", batch_size)
 
 
 @pytest.fixture
