@@ -161,11 +161,12 @@ def _platform() -> dict[str, Any]:
     except (AttributeError, OSError):
         usable = None
     libc, version = platform.libc_ver()
-    return {"system": platform.platform(), "machine": platform.machine(), "cpu": _cpu_model(),
+    return {"system": platform.platform(), "machine": platform.machine(), "cpu": cpu_model(),
             "cores": os.cpu_count(), "usable_cores": usable, "libc": f"{libc} {version}".strip() or None}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name as the system gives it (``AMD EPYC 7B13``), else the machine's architecture."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

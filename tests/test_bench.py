@@ -1,5 +1,5 @@
-"""Smoke runs of the benchmark scripts: bench.py on an image folder without TensorFlow, the quality benchmarks on the
-tiny checkpoint (and a bundled model exported from it)."""
+"""Smoke runs of the benchmarks: benchmarks.speed.bench on an image folder without TensorFlow, the quality studies on
+the tiny checkpoint (and a bundled model exported from it)."""
 
 import dataclasses
 import json
@@ -9,18 +9,10 @@ import sys
 
 import pytest
 
+from benchmarks.speed import against_keras, bench, cli_timing, serve, step_profile
+from benchmarks.studies import reconstruction, recipe, sampler_quality
 from tests.conftest import CONFIGS, REPO, mock_flowers
 from tests.image_folders import write_plain_folder
-
-
-def load_benchmark(name: str):
-    """The module ``benchmarks/<name>.py`` (a script, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def bundle(workdir, tmp_path, monkeypatch, name: str = "tiny16") -> str:
@@ -48,11 +40,12 @@ def test_benchmark_script_runs_on_a_folder_without_tensorflow(tmp_path):
     out = tmp_path / "bench.json"
     write_plain_folder(tmp_path / "images", 40)
     command = [
-        sys.executable, str(REPO / "benchmarks" / "bench.py"), "--config", str(CONFIGS / "smoke.toml"),
+        sys.executable, "-m", "benchmarks.speed.bench", "--config", str(CONFIGS / "smoke.toml"),
         "--windows", "2", "--window-steps", "2", "--sample-num", "4", "--sample-steps", "2", "--cli-num", "2",
         "--data", str(tmp_path / "images"), "--input-batches", "5", "--out", str(out),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=hide_tensorflow(tmp_path))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=hide_tensorflow(tmp_path),
+                          cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     for key in ("train_images_per_second", "train_seconds_per_step", "train_compile_seconds",
@@ -87,15 +80,13 @@ def test_training_and_ddim_data_on_a_folder_need_no_tensorflow(tmp_path):
     assert "data cache: no cache yet" not in trained.stderr  # `ddim data` filled the cache training uses
 
 
-
 @pytest.mark.slow
 def test_sampler_benchmark_runs_and_resumes(trained_workdir, tmp_path, capsys):
-    bench_samplers = load_benchmark("sampler_quality")
 
     args = ["--checkpoint", str(trained_workdir), "--num", "4", "--batch-size", "2", "--steps", "2,3",
             "--samplers", "ddim,dpmpp-2m", "--spacings", "uniform,logsnr", "--reference-steps", "8",
             "--check-num", "2", "--out", str(tmp_path)]
-    results = bench_samplers.main(args)
+    results = sampler_quality.main(args)
     by_key = {(r["sampler"], r["spacing"], r["steps"]): r for r in results}
     assert len(by_key) == 9 and ("check", "uniform", 4) in by_key
     for key, record in by_key.items():
@@ -106,19 +97,18 @@ def test_sampler_benchmark_runs_and_resumes(trained_workdir, tmp_path, capsys):
     assert "| dpmpp-2m | logsnr |" in table and "3 steps" in table
     # A second run finds everything done (and the reference cached): nothing is appended.
     lines = (tmp_path / "samplers.jsonl").read_text().splitlines()
-    bench_samplers.main(args)
+    sampler_quality.main(args)
     assert (tmp_path / "samplers.jsonl").read_text().splitlines() == lines
 
 
 @pytest.mark.slow
 def test_reconstruction_benchmark_runs(trained_workdir, tmp_path, capsys, monkeypatch):
-    bench = load_benchmark("reconstruction")
     with mock_flowers():
-        results = bench.main(["--checkpoint", str(trained_workdir), "--num", "4", "--steps", "2,8",
-                              "--batch-size", "2", "--out", str(tmp_path)])
+        results = reconstruction.main(["--checkpoint", str(trained_workdir), "--num", "4", "--steps", "2,8",
+                                       "--batch-size", "2", "--out", str(tmp_path)])
         # The same weights bundled (--pretrained) reconstruct the same images as well.
-        bundled = bench.main(["--pretrained", bundle(trained_workdir, tmp_path, monkeypatch), "--num", "4",
-                              "--steps", "2", "--batch-size", "2", "--out", str(tmp_path / "bundled")])
+        bundled = reconstruction.main(["--pretrained", bundle(trained_workdir, tmp_path, monkeypatch), "--num",
+                                       "4", "--steps", "2", "--batch-size", "2", "--out", str(tmp_path / "bundled")])
     by_steps = {r["steps"]: r for r in results}
     assert set(by_steps) == {2, 8} and all(r["num"] == 4 and r["step"] == 6 for r in results)
     assert 0 <= by_steps[8]["mse"] < by_steps[2]["mse"] < 1
@@ -131,13 +121,12 @@ def test_sampler_benchmark_scores_the_fid_of_each_setting_of_a_bundled_model(tra
                                                                              monkeypatch):
     from tests.test_evaluation import tiny_extractor
 
-    bench = load_benchmark("sampler_quality")
     args = ["--pretrained", bundle(trained_workdir, tmp_path, monkeypatch), "--num", "4", "--batch-size", "4",
             "--steps", "2", "--samplers", "ddim,dpmpp-2m", "--spacings", "uniform", "--reference-steps", "4",
             "--check-num", "0", "--fid", "--fid-num", "4", "--eval-root", str(tmp_path / "eval"),
             "--out", str(tmp_path / "out")]
     with mock_flowers():
-        rows = bench.main(args, feature_extractor_factory=tiny_extractor)
+        rows = sampler_quality.main(args, feature_extractor_factory=tiny_extractor)
     fids = {(r["sampler"], r["steps"]): r for r in rows if "fid" in r}
     rmses = {(r["sampler"], r["steps"]): r for r in rows if "rmse" in r}
     assert set(fids) == set(rmses) == {("ddim", 2), ("dpmpp-2m", 2)}
@@ -149,7 +138,8 @@ def test_sampler_benchmark_scores_the_fid_of_each_setting_of_a_bundled_model(tra
         (sampler, "all", 4, fids[(sampler, 2)]["fid"]) for sampler in ("ddim", "dpmpp-2m")]
     assert "real features: 64 images from the cache" in capsys.readouterr().err  # featurised once, for the first
     lines = (tmp_path / "out" / "samplers.jsonl").read_text().splitlines()
-    bench.main(args, feature_extractor_factory=tiny_extractor)  # everything done: nothing appended, nothing scored
+    # Everything done: nothing appended, nothing scored.
+    sampler_quality.main(args, feature_extractor_factory=tiny_extractor)
     assert (tmp_path / "out" / "samplers.jsonl").read_text().splitlines() == lines
     table = capsys.readouterr().out
     assert "| steps | rank | sampler | spacing | FID | KID | RMSE to reference | s/image |" in table
@@ -162,33 +152,31 @@ def test_the_quality_benchmarks_refuse_bad_model_options(tmp_path, monkeypatch, 
     from ddim.pretrained import ENV
 
     monkeypatch.setenv(ENV, str(tmp_path / "no-bundles"))
-    for name in ("sampler_quality", "reconstruction"):
-        bench = load_benchmark(name)
+    for study in (sampler_quality, reconstruction):
         with pytest.raises(SystemExit, match=r"error: no bundled model named 'flowers32' \(none is bundled"):
-            bench.main(["--pretrained", "flowers32", "--out", str(tmp_path)])
+            study.main(["--pretrained", "flowers32", "--out", str(tmp_path)])
         with pytest.raises(SystemExit) as exit_info:
-            bench.main(["--pretrained", "flowers32", "--checkpoint", "runs/x", "--out", str(tmp_path)])
+            study.main(["--pretrained", "flowers32", "--checkpoint", "runs/x", "--out", str(tmp_path)])
         assert exit_info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        load_benchmark("sampler_quality").main(["--num", "0", "--out", str(tmp_path)])
+        sampler_quality.main(["--num", "0", "--out", str(tmp_path)])
     assert "--num 0 measures no RMSE" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("config, image_size, variant", [("flowers32.toml", 32, "fast-lr2e-3"),
                                                            ("flowers64-fast.toml", 64, "fast")])
 def test_the_fast_configs_are_the_ablations_fast_variant(config, image_size, variant):
-    """ddim/configs/flowers32.toml and ddim/configs/flowers64-fast.toml are the recipes benchmarks/recipe.py measured as
-    ``fast-lr2e-3`` and ``fast`` (the bundled flowers64's, unchanged: 2e-3 is measured at 32x32 only): the Keras
-    config with the ablation's base and the variant's overrides (at the config's image size) gives the same model
-    and the same training objective and schedule."""
+    """ddim/configs/flowers32.toml and ddim/configs/flowers64-fast.toml are the recipes benchmarks.studies.recipe
+    measured as ``fast-lr2e-3`` and ``fast`` (the bundled flowers64's, unchanged: 2e-3 is measured at 32x32 only):
+    the Keras config with the ablation's base and the variant's overrides (at the config's image size) gives the
+    same model and the same training objective and schedule."""
     from ddim.config import load_config
 
-    recipe = load_benchmark("recipe")
     measured = load_config("flowers64",
                            [*recipe.BASE, *recipe.VARIANTS[variant], f"model.image_size={image_size}"])
     shipped = load_config(config)
     # The class embedding only acts on class-conditional models, which the (unconditional) ablation does not
-    # train; the class benchmark (benchmarks/class_usage.py, benchmarks/guidance.py) chose it.
+    # train; the class benchmark (benchmarks.studies.class_usage, benchmarks.studies.guidance) chose it.
     assert shipped.model.class_embedding == "adm"
     assert dataclasses.replace(shipped.model, class_embedding=measured.model.class_embedding) == measured.model
     fields = ("batch_size", "learning_rate", "lr_schedule", "warmup_steps", "grad_clip", "loss", "loss_weighting",
@@ -203,7 +191,6 @@ def test_the_ablation_compares_variants_of_other_step_costs_at_equal_wall_time()
     (warm-up and cosine length) is stretched by the same factor, so it is the same schedule in time."""
     from ddim.config import load_config
 
-    recipe = load_benchmark("recipe")
     assert recipe.scaled_step("keras", 1000) == 1000
     for variant, ratio in recipe.STEPS_PER_KERAS_STEP.items():
         assert recipe.scaled_step(variant, 1000) == round(1000 * ratio) > 1000
@@ -217,7 +204,6 @@ def test_the_ablation_compares_variants_of_other_step_costs_at_equal_wall_time()
 def test_the_ablation_table_gives_a_costlier_variant_the_keras_time_its_steps_took(tmp_path):
     """A variant scored at equal steps although its step costs more (STEP_COST: the wide network) is trained to
     the Keras recipe's steps, and the table says how many Keras steps' time those steps took."""
-    recipe = load_benchmark("recipe")
     assert recipe.scaled_step("fast-wide", 1000) == 1000
     rows = [{"variant": variant, "step": 1000, "sampler": sampler, "spacing": spacing, "fid": 70.0}
             for variant in ("fast-lr2e-3", "fast-wide") for sampler, spacing in recipe.SAMPLERS]
@@ -229,14 +215,12 @@ def test_the_ablation_table_gives_a_costlier_variant_the_keras_time_its_steps_to
 
 
 def test_the_serve_benchmark_picks_a_bundled_model_with_pretrained():
-    serve = load_benchmark("serve")
     assert serve.model_options("pretrained:flowers32") == ["--pretrained", "flowers32"]
     assert serve.model_options("runs/flowers32/checkpoints/10220") == ["--checkpoint", "runs/flowers32/checkpoints/10220"]
 
 
 @pytest.mark.slow  # four whole `ddim sample` processes
 def test_cli_timing_times_whole_sample_commands_of_a_bundled_model(trained_workdir, tmp_path, monkeypatch):
-    cli_timing = load_benchmark("cli_timing")
     name = bundle(trained_workdir, tmp_path, monkeypatch)
     out = tmp_path / "timing.jsonl"
     [line] = cli_timing.main(["--models", name, "--num", "2", "--repeats", "2", "--out", str(out)])
@@ -255,14 +239,13 @@ keras 64px b64 step 3.094s img/s 20.7
 
 
 def test_the_keras_scripts_result_line_is_read_and_compared_round_by_round():
-    bench = load_benchmark("bench")
-    assert bench.parse_keras_output(KERAS_OUTPUT) == {
+    assert against_keras.parse_keras_output(KERAS_OUTPUT) == {
         "image_size": 64, "batch_size": 64, "seconds_per_step": 3.094, "images_per_second": 20.7}
-    assert bench.parse_keras_output("keras xla 32px b64 step 0.5s img/s 128.0\n")["image_size"] == 32
+    assert against_keras.parse_keras_output("keras xla 32px b64 step 0.5s img/s 128.0\n")["image_size"] == 32
     with pytest.raises(ValueError):
-        bench.parse_keras_output("Traceback (most recent call last):\nImportError: no keras\n")
-    runs = [bench.parse_keras_output(f"keras 64px b64 step 1s img/s {rate}") for rate in (20.0, 10.0, 16.0)]
-    compared = bench.keras_comparison([30.0, 20.0, 16.0], runs)
+        against_keras.parse_keras_output("Traceback (most recent call last):\nImportError: no keras\n")
+    runs = [against_keras.parse_keras_output(f"keras 64px b64 step 1s img/s {rate}") for rate in (20.0, 10.0, 16.0)]
+    compared = against_keras.keras_comparison([30.0, 20.0, 16.0], runs)
     # Each round's ratio (1.5, 2.0, 1.0), then the median: not the ratio of the medians (20 / 16).
     assert compared["train_to_keras_ratio"] == 1.5
     assert compared["keras_images_per_second"] == 16.0
@@ -273,16 +256,15 @@ def test_the_keras_scripts_result_line_is_read_and_compared_round_by_round():
 def test_the_keras_script_runs_without_ddims_process_settings():
     from ddim import runtime
 
-    bench = load_benchmark("bench")
     ours = " ".join(f"{name}={value}" for name, value in runtime.CPU_XLA_FLAGS.items())
     environ = {"XLA_FLAGS": f"--xla_dump_to=/tmp/x {ours}", "DDIM_RESTARTED": "1", "HOME": "/home/u",
                "GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{runtime.FAST_MALLOC_TUNABLE}",
                "LD_PRELOAD": "/home/u/.cache/ddim/kernels/keep_large_blocks-0123.so /usr/lib/libmine.so"}
-    assert bench.keras_environment(environ) == {
+    assert against_keras.keras_environment(environ) == {
         "XLA_FLAGS": "--xla_dump_to=/tmp/x", "HOME": "/home/u", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
         "LD_PRELOAD": "/usr/lib/libmine.so"}
     # A user's own tunable stays when ddim did not restart itself to add it.
-    assert bench.keras_environment({"GLIBC_TUNABLES": runtime.FAST_MALLOC_TUNABLE, "XLA_FLAGS": ours}) == {
+    assert against_keras.keras_environment({"GLIBC_TUNABLES": runtime.FAST_MALLOC_TUNABLE, "XLA_FLAGS": ours}) == {
         "GLIBC_TUNABLES": runtime.FAST_MALLOC_TUNABLE}
 
 
@@ -290,7 +272,6 @@ def test_the_keras_script_runs_without_ddims_process_settings():
 def test_against_keras_that_cannot_run_is_one_error_line_before_any_timing(problem, tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    bench = load_benchmark("bench")
     script = tmp_path / "keras_ddim_step.py"
     args = ["--against-keras", "--keras-script", str(script)]
     if problem != "no script":
@@ -311,15 +292,14 @@ def test_against_keras_that_cannot_run_is_one_error_line_before_any_timing(probl
 
 
 def test_the_step_profile_groups_xla_operations_by_kind_and_origin():
-    profile = load_benchmark("step_profile")
     hlo = """
   %ynn_fusion.3 = f32[64,32]{1,0} fusion(%p), kind=kCustom, metadata={op_name="jit(train_step)/transpose(jvp(DiffusionModel))/network/Conv_0/dot_general"}
   %ynn_fusion.4 = f32[64,32]{1,0} fusion(%p), kind=kCustom, metadata={op_name="jit(train_step)/jvp(DiffusionModel)/network/Conv_0/dot_general"}
   %transpose_copy_fusion.36 = f32[64,64,64,64]{3,2,1,0} fusion(%a), kind=kLoop
 """
-    origins = profile.operation_origins(hlo)
+    origins = step_profile.operation_origins(hlo)
     assert origins == {"ynn_fusion.3": ("backward", "dot_general"), "ynn_fusion.4": ("forward", "dot_general")}
-    grouped = profile.group_events({"ynn_fusion.3": 5.0, "ynn_fusion.4": 2.0, "transpose_copy_fusion.36": 7.0,
-                                    "transpose_copy_fusion.37": 1.0}, origins)
+    grouped = step_profile.group_events({"ynn_fusion.3": 5.0, "ynn_fusion.4": 2.0, "transpose_copy_fusion.36": 7.0,
+                                         "transpose_copy_fusion.37": 1.0}, origins)
     assert grouped == {("ynn_fusion", "backward", "dot_general"): 5.0, ("ynn_fusion", "forward", "dot_general"): 2.0,
                        ("transpose_copy_fusion", "-", "-"): 8.0}

@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 
 import pytest
-from markdown_it import MarkdownIt
 
 from ddim.pretrained import PACKAGE_ROOT, available
 from ddim.pretrained.render import details_markdown, models_table
+from tests.markdown_blocks import markdown_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_PAGE = REPO / "docs" / "models.md"
@@ -31,8 +31,6 @@ GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 MODEL_NAME = r"(?<![\w/.:-]){}(?![\w.-])"  # flowers32, `flowers32`, pretrained:flowers32; not runs/flowers32 or flowers64-fast
 FIGURE = re.compile(r"\b(?:FID|KID|class accuracy|asked class in)\b[^.\d|]{0,16}?(\d+\.\d+)")
 FIGURE_COLUMN = re.compile(r"\b(?:FID|KID|class accuracy)\b")
-
-_MARKDOWN = MarkdownIt("commonmark").enable("table")
 
 
 @pytest.fixture(autouse=True)
@@ -64,27 +62,10 @@ def blocks(page: Path):
     """``(text, figures)`` of each paragraph, list item and table row of ``page`` (code blocks left out): the
     figures are the decimals after "FID", "KID" or "class accuracy", and in a table every decimal of a column
     whose header names one of them."""
-    tokens = _MARKDOWN.parse(page.read_text(encoding="utf-8"))
-    header: list[str] = []
-    row: list[str] | None = None
-    for token in tokens:
-        if token.type == "thead_open":
-            header = []
-        if token.type == "tr_open":
-            row = []
-        elif token.type == "tr_close":
-            if not header:
-                header = row
-            columns = [FIGURE_COLUMN.search(name) is not None for name in header]
-            text = " | ".join(row)
-            numbers = [n for cell, figure in zip(row, columns) if figure for n in re.findall(r"\d+\.\d+", cell)]
-            yield text, [match.group(1) for match in FIGURE.finditer(text)] + numbers
-            row = None
-        elif token.type == "inline":
-            if row is not None:
-                row.append(token.content)
-            else:
-                yield token.content, [match.group(1) for match in FIGURE.finditer(token.content)]
+    for block in markdown_blocks(page.read_text(encoding="utf-8")):
+        columns = [FIGURE_COLUMN.search(name) is not None for name in block.header]
+        numbers = [n for cell, figure in zip(block.cells, columns) if figure for n in re.findall(r"\d+\.\d+", cell)]
+        yield block.text, [match.group(1) for match in FIGURE.finditer(block.text)] + numbers
 
 
 def between(text: str, markers: tuple[str, str]) -> str:
@@ -110,8 +91,8 @@ def raw_lines(source: str) -> list[dict]:
 @pytest.mark.parametrize("name", sorted(shipped()))
 def test_a_records_figures_are_lines_of_the_files_it_names(name):
     """Every measured FID is that of a line of the same number of samples in its ``source`` (the files differ in
-    format: ``ddim eval``'s and ``benchmarks/fid_of_samples.py``'s), and the sampling time a line of
-    ``benchmarks/cli_timing.py``'s, whole: nothing in the table is typed in."""
+    format: ``ddim eval``'s and ``benchmarks.release.fid_of_samples``'s), and the sampling time a line of
+    ``benchmarks.speed.cli_timing``'s, whole: nothing in the table is typed in."""
     from ddim.pretrained.scores import sample_time_from_line
 
     record = shipped()[name].record

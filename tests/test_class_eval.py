@@ -1,5 +1,5 @@
 """``ddim eval`` on class-conditional checkpoints (--class, --guidance, the class mode and the class accuracy),
-the labelled real-feature cache, and benchmarks/guidance.py.
+the labelled real-feature cache, and benchmarks.studies.guidance.
 
 The FID network is the tiny random one of tests/test_evaluation.py (the real weights may be absent); the
 conditional checkpoint is a tiny model trained for two steps on a folder of two colour classes, which even a
@@ -9,16 +9,17 @@ random network's features tell apart.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks import common, samples
+from benchmarks.release import fid_of_samples, generate_eval_samples
+from benchmarks.studies import curve, guidance
 from ddim import evaluation
 from tests.conftest import mock_flowers, tiny_config
-from tests.test_bench import load_benchmark
 from tests.test_cli import assert_one_line_error
 from tests.test_evaluation import eval_lines, run_cli, tiny_extractor
 
@@ -238,15 +239,16 @@ def test_eval_of_one_class_compares_with_that_class_and_prints_the_class_accurac
 
 def test_images_generated_elsewhere_score_as_ddim_eval_scores_them(conditional_workdir, tiny_standard_network,
                                                                     tmp_path):
-    """benchmarks/generate_eval_samples.py makes ddim eval's images (on a GPU machine without the FID weights);
-    benchmarks/fid_of_samples.py scores them elsewhere: the same FID, KID and class accuracy as ddim eval."""
+    """benchmarks.release.generate_eval_samples makes ddim eval's images (on a GPU machine without the FID
+    weights); benchmarks.release.fid_of_samples scores them elsewhere: the same FID, KID and class accuracy as ddim
+    eval."""
     from ddim.spec import SamplingSpec
 
-    paths = load_benchmark("generate_eval_samples").main(
+    paths = generate_eval_samples.main(
         [str(conditional_workdir), "--num", "10", "--steps", "2", "--batch-size", "4", "--chunk", "6",
          "--out", str(tmp_path / "samples")])
     assert [path.name for path in paths] == ["samples-0.npz", "samples-1.npz"]
-    records = load_benchmark("fid_of_samples").main(
+    records = fid_of_samples.main(
         [*map(str, paths), "--checkpoint", str(conditional_workdir), "--out", str(tmp_path / "eval"),
          "--num", "8", "10"])
     direct = evaluation.evaluate(evaluation.EvalRequest(conditional_workdir, num=10, spec=SamplingSpec(steps=2),
@@ -267,15 +269,16 @@ def test_images_generated_elsewhere_score_as_ddim_eval_scores_them(conditional_w
 
 
 def test_samples_saved_as_webp_load_as_the_same_pixels_and_classes(tmp_path):
-    """generate_eval_samples.py --encoding webp is lossless: fid_of_samples.py reads back the very pixels."""
+    """The samples' files with ``--encoding webp`` (benchmarks.release.generate_eval_samples) are lossless:
+    benchmarks.release.fid_of_samples reads back the very pixels."""
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (7, 8, 8, 3), dtype=np.uint8)
     classes = np.arange(7, dtype=np.int32)
-    save = load_benchmark("generate_eval_samples").save_samples
+    save = samples.save_samples
     webp = save(tmp_path / "webp", "set", images, classes, chunk=4, encoding="webp")
     raw = save(tmp_path / "raw", "set", images, classes, chunk=4)
     assert [path.name for path in webp] == ["set-0.npz", "set-1.npz"]
-    load = load_benchmark("fid_of_samples").load_samples
+    load = samples.load_samples
     for paths in (webp, raw):
         loaded_images, loaded_classes = load([str(path) for path in paths])
         np.testing.assert_array_equal(loaded_images, images)
@@ -284,12 +287,11 @@ def test_samples_saved_as_webp_load_as_the_same_pixels_and_classes(tmp_path):
 
 @pytest.mark.slow
 def test_guidance_benchmark_scores_each_scale_resumes_and_draws_the_grid(conditional_workdir, tmp_path, capsys):
-    bench = load_benchmark("guidance")
     grid = tmp_path / "docs" / "guidance.png"
     args = [str(conditional_workdir), "--out", str(tmp_path / "out"), "--guidance", "0", "2", "--steps", "2",
             "--num", "4", "--batch-size", "4", "--grid", str(grid), "--grid-classes", "sunflower, bluebell",
             "--grid-seeds", "3"]
-    rows = bench.main(args, feature_extractor_factory=tiny_extractor)
+    rows = guidance.main(args, feature_extractor_factory=tiny_extractor)
     assert sorted(row["guidance"] for row in rows) == [0.0, 2.0]
     for row in rows:
         assert row["num"] == 4 and row["real_num"] == 2 * PER_CLASS and 0 <= row["class_accuracy"] <= 1
@@ -297,34 +299,32 @@ def test_guidance_benchmark_scores_each_scale_resumes_and_draws_the_grid(conditi
     assert "| guidance | FID | KID | class accuracy |" in table and "| 2 | " in table and "chance 50.0%" in table
     with Image.open(grid) as image:
         assert image.size == (3 * 18 + 2, 2 * 18 + 2)  # 3 seeds x 2 classes of 16px, 2px padding
-    assert bench.best_guidance(rows) == min(rows, key=lambda row: row["fid"])["guidance"]
+    assert guidance.best_guidance(rows) == min(rows, key=lambda row: row["fid"])["guidance"]
 
-    lines = (tmp_path / "out" / bench.RESULTS).read_text().splitlines()
+    lines = (tmp_path / "out" / guidance.RESULTS).read_text().splitlines()
     assert len(lines) == 2
-    bench.main(args, feature_extractor_factory=tiny_extractor)  # everything done: nothing appended
-    assert (tmp_path / "out" / bench.RESULTS).read_text().splitlines() == lines
+    guidance.main(args, feature_extractor_factory=tiny_extractor)  # everything done: nothing appended
+    assert (tmp_path / "out" / guidance.RESULTS).read_text().splitlines() == lines
 
 
 def test_guidance_benchmark_takes_a_bundled_model_by_name(conditional_workdir, tmp_path, monkeypatch, capsys):
     from ddim.pretrained import ENV, export_checkpoint
 
-    bench = load_benchmark("guidance")
     export_checkpoint(conditional_workdir, "tinyclasses", root=tmp_path / "bundles")
     monkeypatch.setenv(ENV, str(tmp_path / "bundles"))
     options = ["--out", str(tmp_path / "out"), "--guidance", "1", "--steps", "2", "--num", "4", "--batch-size", "4"]
-    rows = bench.main(["pretrained:tinyclasses", *options], feature_extractor_factory=tiny_extractor)
+    rows = guidance.main(["pretrained:tinyclasses", *options], feature_extractor_factory=tiny_extractor)
     assert [(row["guidance"], row["num"]) for row in rows] == [(1.0, 4)]
     with pytest.raises(SystemExit, match=r"^error: no bundled model named 'flowers32' \(available: tinyclasses\)"):
-        bench.main(["pretrained:flowers32", *options], feature_extractor_factory=tiny_extractor)
+        guidance.main(["pretrained:flowers32", *options], feature_extractor_factory=tiny_extractor)
 
 
 def test_benchmarks_sharing_an_eval_root_reuse_an_identical_measurement(conditional_workdir, tmp_path, monkeypatch):
-    """curve.py's score of a checkpoint is guidance.py's guidance 1 of it: measured once, read back the second time;
-    a different measurement (another guidance, batch size or checkpoint) is not taken for it."""
+    """benchmarks.studies.curve's score of a checkpoint is benchmarks.studies.guidance's guidance 1 of it: measured
+    once, read back the second time; a different measurement (another guidance, batch size or checkpoint) is not
+    taken for it."""
     from ddim.spec import SamplingSpec
 
-    curve, bench = load_benchmark("curve"), load_benchmark("guidance")
-    common = sys.modules["common"]
     eval_root, step_dir = tmp_path / "eval", conditional_workdir / "checkpoints" / "2"
     curve.main(["score", "--workdir", str(conditional_workdir), "--csv", str(tmp_path / "fid.csv"), "--every", "2",
                 "--num", "4", "--eval-root", str(eval_root)], feature_extractor_factory=tiny_extractor)
@@ -341,6 +341,6 @@ def test_benchmarks_sharing_an_eval_root_reuse_an_identical_measurement(conditio
         assert common.earlier_record(source, other_spec, num, eval_root, **options) is None, different
 
     monkeypatch.setattr("ddim.evaluation.evaluate", lambda *a, **k: pytest.fail("measured again"))
-    [row] = bench.main([str(step_dir), "--out", str(eval_root), "--guidance", "1", "--num", "4"],
+    [row] = guidance.main([str(step_dir), "--out", str(eval_root), "--guidance", "1", "--num", "4"],
                        feature_extractor_factory=tiny_extractor)
     assert row["fid"] == measured["fid"] and row["class_accuracy"] == measured["class_accuracy"]

@@ -1,4 +1,4 @@
-"""benchmarks/curve.py: FID along a run (score), the real-image floor, and the plot."""
+"""benchmarks.studies.curve: FID along a run (score), the real-image floor, and the plot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.test_bench import load_benchmark
+from benchmarks.studies import curve
 from tests.test_evaluation import tiny_extractor
 
 
@@ -19,7 +19,6 @@ def rows(path):
 
 
 def test_curve_scores_each_checkpoint_once_gives_the_real_floor_and_plots(conditional_workdir, tmp_path, capsys):
-    curve = load_benchmark("curve")
     table = tmp_path / "results" / "run-fid.csv"
     score = ["score", "--workdir", str(conditional_workdir), "--csv", str(table), "--every", "2", "--num", "4",
              "--eval-root", str(tmp_path / "eval")]
@@ -78,7 +77,6 @@ def test_curve_follows_a_consistency_run_with_the_students_own_sampler(condition
             overrides=["distill.method=consistency", "distill.start_steps=4", "distill.student_steps=[1, 2, 4]",
                        "distill.consistency_steps=2", "distill.batch_size=2", "train.eval_every=0",
                        "train.checkpoint_every=2"])
-    curve = load_benchmark("curve")
     table = tmp_path / "consistency-fid.csv"
     curve.main(["score", "--workdir", str(out), "--csv", str(table), "--every", "2", "--num", "4", "--steps", "2",
                 "--guidance", "1.5", "--eval-root", str(tmp_path / "eval")], feature_extractor_factory=tiny_extractor)

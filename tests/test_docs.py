@@ -242,12 +242,30 @@ def test_the_command_check_refuses_what_the_cli_refuses(tmp_path):
         parse_command(command_words("ddim smaple"))
 
 
+BENCHMARK_MODULE = re.compile(r"(?<![\w/.])benchmarks(?:\.(?!md\b)[a-z_][a-z0-9_]*)+")  # not the page benchmarks.md
+
+
+def module_exists(name: str) -> bool:
+    """Whether ``benchmarks.KIND.NAME`` is a module (or package) of this repository."""
+    path = REPO / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 @pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
-def test_every_script_and_config_shown_exists(page):
+def test_every_script_module_and_config_shown_exists(page):
     text = page.read_text(encoding="utf-8")
     named = set(re.findall(r"(?<![\w/])((?:benchmarks|ddim/configs|tools)/[\w./-]+\.(?:py|toml|sh))", text))
     missing = sorted(path for path in named if not (REPO / path).is_file() and not PLACEHOLDER.search(path))
-    assert not missing, f"{page.relative_to(REPO)} names files that do not exist: {missing}"
+    missing += sorted(name for name in set(BENCHMARK_MODULE.findall(text)) if not module_exists(name))
+    assert not missing, f"{page.relative_to(REPO)} names files or modules that do not exist: {missing}"
+
+
+def test_the_existence_check_sees_a_module_that_is_not_there():
+    assert module_exists("benchmarks.speed.bench") and module_exists("benchmarks.release")
+    assert not module_exists("benchmarks.speed.nothing") and not module_exists("benchmarks.bench")
+    assert BENCHMARK_MODULE.findall("`python -m benchmarks.speed.bench --data x`, benchmarks.studies.curve's "
+                                    "score; [Speed](benchmarks.md#runtime-notes)") == ["benchmarks.speed.bench",
+                                                                                      "benchmarks.studies.curve"]
 
 
 def test_the_readme_commands_each_write_to_their_own_folder():
@@ -375,12 +393,12 @@ def test_the_keras_check_sees_an_unlinked_first_mention(tmp_path):
     assert first_mention_links(page, NAMES_KERAS, KERAS_EXAMPLE) is True
 
 
-CHECKOUT_SCRIPT = re.compile(r"python (?:benchmarks|tools)/")
+CHECKOUT_SCRIPT = re.compile(r"python\s+(?:-m\s+benchmarks\.|tools/)")
 CHECKOUT_SAID = re.compile(r"clone of (?:the|this) repository|from the repository's root|in a clone", re.IGNORECASE)
 
 
 def checkout_commands_unsaid(page: Path) -> list[str]:
-    """``python benchmarks/...`` and ``python tools/...`` commands of a page, in a code block or inline, whose
+    """``python -m benchmarks....`` and ``python tools/...`` commands of a page, in a code block or inline, whose
     block, paragraph or the paragraph before it does not say that they run from a clone of the repository (an
     installed package has no benchmarks/ or tools/)."""
     unsaid, previous = [], ""
@@ -406,8 +424,8 @@ def test_a_command_that_needs_the_checkout_says_so(page):
 
 def test_the_checkout_check_sees_an_unsaid_command(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("Measure it:\n\n```bash\npython benchmarks/bench.py --config smoke\n```\n\nFrom a clone of the "
-                    "repository:\n\n```bash\npython tools/fid_reference.py compare\n```\n")
-    assert checkout_commands_unsaid(page) == ["python benchmarks/bench.py --config smoke\n"]
-    page.write_text("Run `python benchmarks/bench.py` to time it.\n")
-    assert checkout_commands_unsaid(page) == ["python benchmarks/bench.py` to time it."]
+    page.write_text("Measure it:\n\n```bash\npython -m benchmarks.speed.bench --config smoke\n```\n\nFrom a clone of "
+                    "the repository:\n\n```bash\npython tools/fid_reference.py compare\n```\n")
+    assert checkout_commands_unsaid(page) == ["python -m benchmarks.speed.bench --config smoke\n"]
+    page.write_text("Run `python -m\nbenchmarks.speed.bench` to time it.\n")
+    assert checkout_commands_unsaid(page) == ["python -m\nbenchmarks.speed.bench` to time it."]

@@ -1,15 +1,14 @@
-"""benchmarks/memorization.py: samples against a model's training and held-out images, set for set."""
+"""benchmarks.studies.memorization: samples against a model's training and held-out images, set for set."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.test_bench import load_benchmark
+from benchmarks.studies import holdout_size, memorization
 
 
 def test_a_copying_generator_sits_closer_to_its_training_images_than_a_fresh_one():
-    memorization = load_benchmark("memorization")
     rng = np.random.default_rng(0)
     train, held_out = rng.normal(size=(600, 8)), rng.normal(size=(200, 8))
     fresh = memorization.compare(rng.normal(size=(400, 8)), train, held_out, subsets=3)
@@ -27,14 +26,12 @@ def test_a_copying_generator_sits_closer_to_its_training_images_than_a_fresh_one
 
 
 def test_too_few_training_images_for_two_subsets_is_one_error_line():
-    memorization = load_benchmark("memorization")
     rng = np.random.default_rng(1)
     with pytest.raises(SystemExit, match="^error: 300 training images are too few"):
         memorization.compare(rng.normal(size=(50, 4)), rng.normal(size=(300, 4)), rng.normal(size=(200, 4)))
 
 
 def test_nearest_distances_match_a_direct_computation():
-    memorization = load_benchmark("memorization")
     rng = np.random.default_rng(2)
     points, reference = rng.normal(size=(7, 3)), rng.normal(size=(5, 3))
     direct = np.linalg.norm(points[:, None] - reference[None], axis=-1).min(1)
@@ -42,7 +39,6 @@ def test_nearest_distances_match_a_direct_computation():
 
 
 def test_a_small_training_set_is_compared_with_unseen_subsets_of_its_size():
-    memorization = load_benchmark("memorization")
     rng = np.random.default_rng(3)
     train, held_out = rng.normal(size=(20, 8)), rng.normal(size=(400, 8))
     fresh = memorization.compare_small(rng.normal(size=(300, 8)), train, held_out, subsets=10)
@@ -56,11 +52,10 @@ def test_a_small_training_set_is_compared_with_unseen_subsets_of_its_size():
 
 
 def test_the_held_out_score_spreads_less_with_more_held_out_images():
-    holdout = load_benchmark("holdout_size")
     rng = np.random.default_rng(4)
-    rows = holdout.kid_spread(rng.normal(size=(300, 16)), [5, 50], reference=100, draws=30)
+    rows = holdout_size.kid_spread(rng.normal(size=(300, 16)), [5, 50], reference=100, draws=30)
     assert [row["held_out"] for row in rows] == [5, 50]
     assert rows[0]["kid_std"] > 2 * rows[1]["kid_std"]  # same distribution: the mean is 0 up to the spread
     assert all(abs(row["kid_mean"]) < 3 * row["kid_std"] / np.sqrt(row["draws"]) + 1e-3 for row in rows)
     with pytest.raises(SystemExit, match="too few"):
-        holdout.kid_spread(rng.normal(size=(50, 4)), [40], reference=20, draws=2)
+        holdout_size.kid_spread(rng.normal(size=(50, 4)), [40], reference=20, draws=2)

@@ -58,7 +58,7 @@ class ModelConfig:
     std 0.1 for 102 classes, added to the noise level's sinusoidal features before the input and the block
     embedding's MLP) or "adm" (ADM's label_emb, Dhariwal & Nichol 2021: a unit-normal vector per class added to
     the block embedding after its MLP; needs embedding_injection "every-block"). The small vectors of
-    "noise-features" stay small in training, and the network hardly uses them (benchmarks/class_usage.py)."""
+    "noise-features" stay small in training, and the network hardly uses them (benchmarks.studies.class_usage)."""
     num_classes: int = 0
     """Classes of the training data; set from the data when training starts (0: unconditional)."""
     class_names: tuple[str, ...] = ()

@@ -16,7 +16,7 @@ by guesswork, and a score still to measure has ``"fid": null``)::
                 model's size); ``source`` is the raw line's file under docs/results/
     "guidance": why the default scale is the best measured one, in words
     "advice":   which sampler for fewer steps, in words
-    "sample_time": a line of ``benchmarks/cli_timing.py`` (``ddim sample --pretrained NAME --num 16``: the CPU and
+    "sample_time": a line of ``benchmarks.speed.cli_timing`` (``ddim sample --pretrained NAME --num 16``: the CPU and
                 the wall seconds of runs in a row, the first compiling), with ``source``, its file under docs/results/
 
 Both types hold the JSON object of ``model.json`` as it is: :meth:`~RecordEntry.from_dict` keeps every key in its

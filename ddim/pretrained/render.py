@@ -201,8 +201,9 @@ def describe(manifest) -> list[str]:
 
 
 def recipe_markdown(recipe: str) -> str:
-    """A recipe as code; one of the repository's scripts says that it runs from a clone of the repository."""
-    where = " (from a clone of the repository)" if recipe.startswith(("python benchmarks/", "python tools/")) else ""
+    """A recipe as code; one of the repository's benchmarks or tools says that it runs from a clone of the
+    repository."""
+    where = " (from a clone of the repository)" if recipe.startswith(("python -m benchmarks.", "python tools/")) else ""
     return f"`{recipe}`{where}"
 
 

@@ -1,7 +1,7 @@
 """What a measurement adds to a bundled model's record: a ``ddim eval`` line as a :class:`Score`, merged in place
-of the score of the same samples and setting, and a ``benchmarks/cli_timing.py`` line as its ``sample_time``.
+of the score of the same samples and setting, and a ``benchmarks.speed.cli_timing`` line as its ``sample_time``.
 
-``benchmarks/rebuild.py`` writes a rebuilt bundle's record with these; a measurement made by hand goes in the
+``benchmarks.release.rebuild`` writes a rebuilt bundle's record with these; a measurement made by hand goes in the
 same way (``with_score(record, score_from_eval(line, source))``).
 """
 
@@ -35,5 +35,5 @@ def with_score(record: BundleRecord, score: Score) -> BundleRecord:
 
 
 def sample_time_from_line(line: Mapping[str, Any], source: str | None = None) -> dict[str, Any]:
-    """A record's ``sample_time``: one line of ``benchmarks/cli_timing.py`` (``source``: where it is kept), whole."""
+    """A record's ``sample_time``: one line of ``benchmarks.speed.cli_timing`` (``source``: where it is kept), whole."""
     return {**line, "source": source}
