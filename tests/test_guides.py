@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from markdown_it import MarkdownIt
+
+from tests.markdown_blocks import MARKDOWN, markdown_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs"
@@ -35,7 +36,6 @@ CHECKED_PAGES = [REPO / "README.md", *sorted(GUIDE.glob("*.md"))]  # not docs/re
 MIN_STATEMENTS = 20  # best or default figures the real pages state (32 today): fewer means the check went blind
 MIN_BY_HAND = 4  # of them outside the sections generated from the records (5 today)
 
-_MARKDOWN = MarkdownIt("commonmark").enable("table")
 GENERATED = re.compile(r"<!-- ([\w-]+): the output of [^>]*-->.*?<!-- end of \1 -->", re.S)
 
 
@@ -48,7 +48,7 @@ def prose_words(text: str) -> int:
     """The words of a Markdown page outside fenced code blocks and generated sections."""
     text = without_generated(text)
     lines = text.splitlines()
-    for token in _MARKDOWN.parse(text):
+    for token in MARKDOWN.parse(text):
         if token.type in ("fence", "code_block") and token.map:
             start, end = token.map
             lines[start:end] = [""] * (end - start)
@@ -57,7 +57,7 @@ def prose_words(text: str) -> int:
 
 def first_screen_has_a_command_block(text: str, lines: int = FIRST_SCREEN_LINES) -> bool:
     """Whether a whole fenced code block within the first ``lines`` lines shows a ddim command or ddim's Python."""
-    for token in _MARKDOWN.parse(text):
+    for token in MARKDOWN.parse(text):
         if token.type == "fence" and token.map and token.map[1] <= lines:
             code = token.content
             if re.search(r"^\s*ddim\s", code, re.M) or re.search(r"\b(?:import ddim|from ddim)\b", code):
@@ -149,38 +149,23 @@ def sentences(page: Path) -> list[Sentence]:
     generated_lines = {line for match in GENERATED.finditer(text)
                        for line in range(text.count("\n", 0, match.start()), text.count("\n", 0, match.end()) + 1)}
     found: list[Sentence] = []
-    header: list[str] = []
-    row: list[str] | None = None
-    section, in_heading, line = "", False, 0
-    for token in _MARKDOWN.parse(text):
-        line = token.map[0] if token.map else line
-        generated = line in generated_lines
-        if token.type == "heading_open":
-            in_heading = True
-        elif token.type == "heading_close":
-            in_heading = False
-        elif token.type == "thead_open":
-            header = []
-        elif token.type == "tr_open":
-            row = []
-        elif token.type == "tr_close":
-            if not header:
-                header = row
-            else:
-                cells = " | ".join(f"{name}: {cell}" for name, cell in zip(header, row))
-                found.append(Sentence(cells, section, generated))
-            row = None
-        elif token.type == "inline":
-            content = re.sub(r"\]\([^)]*\)", "]", token.content)  # a link's text, not its address
-            content = re.sub(r"\s+", " ", content)
-            if in_heading:
-                section = content
-            elif row is not None:
-                row.append(content)
-            else:
-                found += [Sentence(part, section, generated)
-                          for part in re.split(r"(?<=[.!?])\s+(?=[A-Z`*\[(])", content)]
+    section = ""
+    for block in markdown_blocks(text):
+        generated = block.line in generated_lines
+        if block.kind == "heading":
+            section = _plain(block.text)
+        elif block.kind == "row":
+            cells = " | ".join(f"{_plain(name)}: {_plain(cell)}" for name, cell in zip(block.header, block.cells))
+            found.append(Sentence(cells, section, generated))
+        elif block.kind == "text":
+            found += [Sentence(part, section, generated)
+                      for part in re.split(r"(?<=[.!?])\s+(?=[A-Z`*\[(])", _plain(block.text))]
     return found
+
+
+def _plain(content: str) -> str:
+    """A link's text without its address, white space folded."""
+    return re.sub(r"\s+", " ", re.sub(r"\]\([^)]*\)", "]", content))
 
 
 def named(text: str, records: dict[str, dict]) -> list[tuple[int, str]]:
