@@ -1,7 +1,7 @@
 """``ddim eval`` on class-conditional checkpoints (--class, --guidance, the class mode and the class accuracy),
 the labelled real-feature cache, and benchmarks.studies.guidance.
 
-The FID network is the tiny random one of tests/test_evaluation.py (the real weights may be absent); the
+The FID network is the tiny random one of tests/tiny_fid.py (the real weights may be absent); the
 conditional checkpoint is a tiny model trained for two steps on a folder of two colour classes, which even a
 random network's features tell apart.
 """
@@ -21,7 +21,8 @@ from benchmarks.studies import curve, guidance
 from ddim import evaluation
 from tests.conftest import mock_flowers, tiny_config
 from tests.test_cli import assert_one_line_error
-from tests.test_evaluation import eval_lines, run_cli, tiny_extractor
+from tests.eval_helpers import eval_lines, run_cli
+from tests.tiny_fid import tiny_extractor
 
 COLOURS = {"bluebell": (40, 60, 220), "sunflower": (230, 200, 30)}  # class ids in name order: 0, 1
 PER_CLASS = 16

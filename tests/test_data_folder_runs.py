@@ -107,7 +107,7 @@ def test_two_forced_cpu_devices_train_on_a_folder(tmp_path):
 def test_eval_scores_against_an_image_folder(trained_workdir, tmp_path):
     """`ddim eval --data PATH`: the real images are that folder's validation split, cached by its files."""
     from ddim import evaluation
-    from tests.test_evaluation import tiny_extractor
+    from tests.tiny_fid import tiny_extractor
 
     root = tmp_path / "photos"
     write_plain_folder(root, 40)

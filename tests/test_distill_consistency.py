@@ -120,7 +120,7 @@ def test_the_distillation_benchmark_scores_a_consistency_student_and_clipped_sam
                                                                                      conditional_workdir, tmp_path,
                                                                                      capsys):
     from benchmarks.studies import distill
-    from tests.test_evaluation import tiny_extractor
+    from tests.tiny_fid import tiny_extractor
 
     out, _, _ = consistency_student
     args = ["--students", str(out), "--teacher", str(conditional_workdir), "--out", str(tmp_path), "--num", "4",

@@ -112,7 +112,7 @@ def test_a_stopped_distillation_resumes_to_the_same_students(conditional_workdir
 def test_the_distillation_benchmark_scores_students_beside_their_teacher_once(distilled, conditional_workdir, tmp_path,
                                                                               capsys):
     from benchmarks.studies import distill
-    from tests.test_evaluation import tiny_extractor
+    from tests.tiny_fid import tiny_extractor
 
     out, _ = distilled
     args = ["--students", str(out), "--teacher", str(conditional_workdir), "--out", str(tmp_path), "--num", "4",

