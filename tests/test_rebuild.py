@@ -80,12 +80,14 @@ def test_the_smoke_rebuild_runs_the_whole_chain_then_skips_every_stage(tmp_path,
 @pytest.mark.parametrize("name", [name for name in recipe_names() if name != "flowers64"])
 def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, mock_commands, monkeypatch):
     """flowers32-noise's chain as flowers64's without the student; flowers32's fine-tunes the bundled flowers32-noise;
-    flowers32-4step's distils it; flowers32-consistency's distils flowers32 into one student for 1, 2 and 4 steps."""
+    flowers32-4step's distils it; flowers32-consistency's distils flowers32 into one student for 1, 2 and 4 steps;
+    flowers64-velocity's fine-tunes the bundled flowers64 into a bundle of the same name."""
     monkeypatch.delenv("DDIM_PRETRAINED_DIR", raising=False)
     assert rebuild.main([name, "--out", str(tmp_path), "--smoke"]) == 0
     from ddim.pretrained import find
 
-    manifest = find(name, tmp_path / "bundles")
+    [bundle] = [stage.record["model"] for stage in load_recipe(name).stages if stage.kind == "record"]
+    manifest = find(bundle, tmp_path / "bundles")
     assert manifest.record["defaults"] and manifest.record["scores"] and manifest.weights_dtype == "float16"
     if name == "flowers32-consistency":  # defaults chosen among the 2-step settings, and the words name only those
         assert manifest.record["defaults"]["steps"] == 2 and manifest.config.model.prediction == "velocity"
