@@ -126,8 +126,9 @@ def test_each_part_of_the_recipe_changes_the_loss_and_the_2023_recipe_is_still_r
     old = _loss_parts('distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
                       'distill.consistency_weighting="uniform"')
     parts = [_loss_parts('distill.consistency_times="grid"'), _loss_parts('distill.consistency_loss="squared"'),
-             _loss_parts('distill.consistency_weighting="uniform"'), _loss_parts('distill.consistency_pair="data"')]
-    assert all(np.isfinite([new, old, *parts])) and len({new, old, *parts}) == 6
+             _loss_parts('distill.consistency_weighting="uniform"'), _loss_parts('distill.consistency_pair="data"'),
+             _loss_parts('distill.consistency_levels="schedule"')]
+    assert all(np.isfinite([new, old, *parts])) and len({new, old, *parts}) == 7
     # A later stage draws the same levels with a narrower gap: another loss.
     assert _loss_parts(step=4) != new
 
@@ -135,6 +136,7 @@ def test_each_part_of_the_recipe_changes_the_loss_and_the_2023_recipe_is_still_r
 @pytest.mark.parametrize("override, message", [
     ('distill.consistency_times="fixed"', "distill.consistency_times must be one of 'continuous', 'grid'"),
     ('distill.consistency_pair="both"', "distill.consistency_pair must be one of 'teacher', 'data'"),
+    ('distill.consistency_levels="uniform"', "distill.consistency_levels must be one of 'log-normal', 'schedule'"),
     ("distill.consistency_gap_base=1.0", "distill.consistency_gap_base must be > 1"),
     ("distill.consistency_stage_steps=0", "distill.consistency_stage_steps must be >= 1"),
     ("distill.consistency_time_std=0", "distill.consistency_time_std must be > 0"),

@@ -42,6 +42,8 @@ VARIANTS = {
     "cd2023": ("Song et al. 2023: the teacher's grid, squared error, equal weights",
                ['distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
                 'distill.consistency_weighting="uniform"']),
+    "tune-schedule": ("tuning with first levels uniform in the schedule's time instead of log-normal",
+                      ['distill.consistency_levels="schedule"']),
     "tune-data": ("tuning with ECT's own pairs: the same image and noise, no teacher", ['distill.consistency_pair="data"']),
     "tune-squared": ("tuning with the squared error", ['distill.consistency_loss="squared"']),
     "tune-uniform": ("tuning with equal weights", ['distill.consistency_weighting="uniform"']),

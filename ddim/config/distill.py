@@ -8,6 +8,7 @@ from ddim.config.parsing import ConfigError, at_least, choice
 
 METHODS = ("progressive", "consistency")
 CONSISTENCY_TIMES = ("continuous", "grid")
+CONSISTENCY_LEVELS = ("log-normal", "schedule")
 CONSISTENCY_PAIRS = ("teacher", "data")
 CONSISTENCY_LOSSES = ("pseudo-huber", "squared")
 CONSISTENCY_WEIGHTINGS = ("inverse-gap", "uniform")
@@ -98,6 +99,11 @@ class DistillConfig:
     """Consistency with continuous times: the stage the run starts at. ECT's authors advise skipping stage 0 (its
     pairs reach the boundary at low noise: plain diffusion training) when the student starts from a diffusion
     model, as here."""
+    consistency_levels: str = "log-normal"
+    """Consistency with continuous times: how the first level of a pair is drawn. "log-normal": ln t from a normal
+    (iCT, ECT), most draws at low noise; "schedule": uniformly in the schedule's time, so every stretch of the path
+    the samplers step along is trained alike (the grid recipe's share, continuous), the noisiest end too, where
+    sampling in one pass evaluates the student."""
     consistency_time_mean: float = -0.4
     """Consistency with continuous times: the mean of ln t (ECT's -1.1 on EDM's levels, whose data has standard
     deviation 0.5: -1.1 + ln 2 on this project's unit-variance levels)."""
@@ -153,6 +159,7 @@ def _validate_halving(d: DistillConfig) -> None:
 def _validate_consistency(d: DistillConfig) -> None:
     choice("distill.consistency_times", d.consistency_times, CONSISTENCY_TIMES)
     choice("distill.consistency_pair", d.consistency_pair, CONSISTENCY_PAIRS)
+    choice("distill.consistency_levels", d.consistency_levels, CONSISTENCY_LEVELS)
     choice("distill.consistency_loss", d.consistency_loss, CONSISTENCY_LOSSES)
     choice("distill.consistency_weighting", d.consistency_weighting, CONSISTENCY_WEIGHTINGS)
     at_least(1, {"distill.consistency_stage_steps": d.consistency_stage_steps})

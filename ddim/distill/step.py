@@ -78,6 +78,8 @@ class ConsistencySettings:
     gap_base: float
     stage_steps: int
     first_stage: int
+    schedule_levels: bool
+    """First levels uniform in the schedule's time; else log-normal with ``time_mean`` and ``time_std``."""
     time_mean: float
     time_std: float
 
@@ -89,7 +91,8 @@ class ConsistencySettings:
         huber = d.consistency_huber_c * numbers ** 0.5 if d.consistency_loss == "pseudo-huber" else None
         return cls(d.consistency_times == "continuous", d.consistency_pair == "teacher", huber,
                    d.consistency_weighting == "inverse-gap", d.consistency_gap_base, d.consistency_stage_steps,
-                   d.consistency_first_stage, d.consistency_time_mean, d.consistency_time_std)
+                   d.consistency_first_stage, d.consistency_levels == "schedule", d.consistency_time_mean,
+                   d.consistency_time_std)
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,11 @@ def consistency_loss_fn(settings: StepSettings, state: TrainState, teach, studen
     batch_size = images.shape[0]
     if c.continuous:
         cleanest, noisiest = (consistency.level_of_rates(*schedule(jnp.float32(t))) for t in (0.0, 1.0))
-        level_t = consistency.sample_levels(rng, batch_size, c.time_mean, c.time_std, cleanest, noisiest)
+        if c.schedule_levels:
+            times = jax.random.uniform(rng, (batch_size, 1, 1, 1), jnp.float32)
+            level_t = consistency.level_of_rates(*schedule(times))
+        else:
+            level_t = consistency.sample_levels(rng, batch_size, c.time_mean, c.time_std, cleanest, noisiest)
         stage = c.first_stage + (state.step - settings.phase_start) // c.stage_steps
         level_r = consistency.shrinking_gap_level(level_t, stage, c.gap_base, cleanest)
         rates_t, rates_r = consistency.rates_of_level(level_t), consistency.rates_of_level(level_r)

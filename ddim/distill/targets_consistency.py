@@ -49,6 +49,9 @@ loss is ``w(t, r) d(f(z_t, t), sg f(z_r, r))`` with the pseudo-Huber ``d`` and `
   rescaled from EDM's data of standard deviation 0.5 to this project's unit-variance data.
 - The target network is the student's weights without gradient (as iCT and ECT); the weight average
   (``distill.ema_decay``) is only what the student samples with.
+- ``distill.consistency_levels = "schedule"`` draws the first level uniformly in the schedule's time instead of
+  from the log-normal: an option of this project, since a short CPU run trains few draws at the noisiest end,
+  where sampling in one pass evaluates the student (the log-normal's median level is 0.67 here).
 - There is no dropout in this network, so ECT's shared dropout mask has nothing to share.
 """
 
