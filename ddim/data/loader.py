@@ -87,7 +87,7 @@ COPYING_PASSES = 1000
 """Passes over a folder's images past which samples start to copy them. flowers32 fine-tuned on 20
 Fashion-MNIST images with finetune32's settings: 63 % of its samples were nearer one of the 20 than one of 20
 unseen images of the same classes after 480 passes, 78 % after 960, 89 % after 1,920 and 97 % after 3,840 (0.5 for
-a model that does not copy; benchmarks/memorization.py --held-out, docs/research/small-folders.md)."""
+a model that does not copy; python -m benchmarks.studies.memorization --held-out, docs/research/small-folders.md)."""
 
 
 def copying_warning(config: Config, num_train_images: int, total_steps: int) -> str | None:
