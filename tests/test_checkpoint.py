@@ -84,7 +84,7 @@ def test_corrupt_checkpoint_is_a_clear_error(trained_workdir, tmp_path):
     for path in (Workdir(workdir).checkpoints / "6" / "state").rglob("*"):
         if path.is_file() and path.stat().st_size > 0:
             path.write_bytes(b"garbage")
-    # Named, it is an error; the work directory falls back to step 4 (tests/test_faults.py has the variants).
+    # Named, it is an error; the work directory falls back to step 4 (the variants: tests/test_faults_checkpoints.py).
     with pytest.raises(ckpt.CheckpointError, match="checkpoint .*/6 is damaged: .* not valid JSON"):
         load(Workdir(workdir).checkpoints / "6")
     assert load(workdir, warn=lambda message: None).step == 4

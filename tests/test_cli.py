@@ -152,7 +152,7 @@ def help_at_80_columns(*command: str) -> list[str]:
 def test_sample_help_fits_two_screens_at_80_columns_with_every_docs_link_whole():
     import re
 
-    from tests.test_docs import REPO, anchors
+    from tests.docs_helpers import REPO, anchors
 
     lines = help_at_80_columns("sample")
     assert len(lines) <= HELP_SCREEN_LINES, "\n".join(lines)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_docs import _MARKDOWN, PLACEHOLDER, REPO, block_commands
+from tests.docs_helpers import PLACEHOLDER, REPO, block_commands
+from tests.markdown_blocks import MARKDOWN
 
 EXAMPLES = REPO / "docs" / "examples"
 GUIDES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # the research record's commands are its record
@@ -73,7 +74,7 @@ def why_not_run_python(source: str) -> str | None:
 def examples(page: Path) -> list[tuple[str, str]]:
     """``("command" | "python", text)`` for each code-block example of ``page``, in order."""
     found = []
-    for token in _MARKDOWN.parse(page.read_text(encoding="utf-8")):
+    for token in MARKDOWN.parse(page.read_text(encoding="utf-8")):
         if token.type != "fence":
             continue
         if token.info.strip() == "python":
@@ -203,7 +204,7 @@ def setup_config(words: list[str]):
     from ddim.cli.app import with_data
     from ddim.distill.loop import check_settings
     from ddim.train import load_run_config
-    from tests.test_docs import parse_command
+    from tests.docs_helpers import parse_command
 
     command, params = parse_command(words)
     overrides = with_data(list(params.get("overrides") or []), params.get("data") or params.get("path"))

@@ -22,7 +22,7 @@ from benchmarks.release.bundle_steps import defaults_options, run_seconds, sweep
 from benchmarks.release.recipe_files import PLACEHOLDER, RebuildError, expand, load_recipe, recipe_names
 from ddim.pretrained.bundle_record import setting_of, setting_values
 from tests.conftest import REPO
-from tests.test_docs import parse_command
+from tests.docs_helpers import parse_command
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Fault injectors: a damaged checkpoint, a full disk, a small or read-only file system, a dataset with files
 missing, a process frozen in the middle of a checkpoint write.
 
-The campaign (:mod:`benchmarks.faults.campaign`) and the tests (tests/test_faults.py) inject their faults with
+The campaign (:mod:`benchmarks.faults.campaign`) and the tests (tests/test_faults_*.py) inject their faults with
 these, so that what CI checks is what the campaign measures.
 """
 

@@ -62,7 +62,8 @@ def disk_full(ctx: Context, reference: Path) -> Row:
     row = Row("disk full during a save (tmpfs for two checkpoints)")
     prefix = namespace_prefix()
     if prefix is None:
-        row.notes.append("skipped: this platform allows no tmpfs mount here (tests/test_faults.py simulates ENOSPC)")
+        row.notes.append("skipped: this platform allows no tmpfs mount here "
+                         "(tests/test_faults_environment.py simulates ENOSPC)")
         return row
     newest = checkpoints_of(reference) / str(complete_steps(checkpoints_of(reference))[-1])
     step_kib = int(subprocess.run(["du", "-sk", str(newest)], capture_output=True, text=True).stdout.split()[0])
