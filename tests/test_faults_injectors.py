@@ -80,9 +80,10 @@ def _stopped(process: subprocess.Popen, timeout: float = 5.0) -> bool:
 def test_a_save_in_progress_freezes_its_writer_and_a_finished_one_does_not(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
-    # A write that finishes at once (renamed into place) lets the writer go on; the next, unfinished, freezes it.
-    writer = _writer(checkpoints, "time.sleep(0.5)\n(checkpoints / '4.orbax-checkpoint-tmp-1').mkdir()\n"
-                                  "os.rename(checkpoints / '4.orbax-checkpoint-tmp-1', checkpoints / '4')\n"
+    # A finished save (here made elsewhere and renamed into place, so that no observer can catch it half done) lets
+    # the writer go on; the next, unfinished, freezes it.
+    writer = _writer(checkpoints, "time.sleep(0.5)\n(checkpoints.parent / '4.staging').mkdir()\n"
+                                  "os.rename(checkpoints.parent / '4.staging', checkpoints / '4')\n"
                                   "time.sleep(0.5)\n(checkpoints / '6.orbax-checkpoint-tmp-2').mkdir()\n"
                                   "time.sleep(60)")
     try:
