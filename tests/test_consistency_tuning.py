@@ -91,17 +91,22 @@ def test_the_pseudo_huber_loss_with_inverse_gap_weights_matches_a_hand_computati
 
 
 def test_the_huber_constant_scales_with_the_square_root_of_the_images_size():
-    config = tiny_config("distill.method=consistency")
+    config = tiny_config("distill.method=consistency", *TUNE)
     settings = ConsistencySettings.of(config.distill, (32, 32, 3))
     np.testing.assert_allclose(settings.huber_c, 0.00108 * np.sqrt(3072), rtol=1e-6)
-    squared = tiny_config("distill.method=consistency", 'distill.consistency_loss="squared"')
+    squared = tiny_config("distill.method=consistency")  # the default: the squared error
     assert ConsistencySettings.of(squared.distill, (32, 32, 3)).huber_c is None
 
 
+TUNE = ('distill.consistency_times="continuous"', 'distill.consistency_loss="pseudo-huber"',
+        'distill.consistency_weighting="inverse-gap"')
+"""Consistency tuning's settings (the defaults are Song et al. 2023's recipe)."""
+
+
 def _loss_parts(*overrides, step=0):
-    """The levels a consistency step draws, and its loss, for a tiny velocity student and teacher."""
+    """The loss of a consistency tuning step (``overrides`` changing its parts) for a tiny velocity student."""
     config = tiny_config("model.prediction=velocity", "distill.method=consistency", "distill.start_steps=4",
-                         "distill.consistency_stage_steps=2", *overrides)
+                         "distill.consistency_stage_steps=2", *TUNE, *overrides)
     (phase,) = plan_lib.plan(config.model, config)
     student = DiffusionModel(plan_lib.student_model(config.model, config, phase))
     settings = StepSettings.of(student, DiffusionModel(config.model), config, phase)
@@ -149,7 +154,7 @@ def test_bad_consistency_settings_are_refused(override, message):
 
 TUNING = ["distill.method=consistency", "distill.start_steps=4", "distill.student_steps=[1, 2, 4]",
           "distill.consistency_steps=5", "distill.consistency_stage_steps=2", "distill.batch_size=4",
-          "train.eval_every=0", "train.checkpoint_every=100"]
+          "train.eval_every=0", "train.checkpoint_every=100", *TUNE]
 
 
 @pytest.mark.slow

@@ -79,7 +79,8 @@ def test_the_weight_average_warms_up_at_a_phase_start_and_keeps_nothing_of_the_p
     (('distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
       'distill.consistency_weighting="uniform"'), 0.5),
     # Consistency tuning's continuous levels, three stages of its shrinking gap (0.57 of the distance measured).
-    (("distill.consistency_stage_steps=50",), 0.7),
+    (("distill.consistency_stage_steps=50", 'distill.consistency_times="continuous"',
+      'distill.consistency_loss="pseudo-huber"', 'distill.consistency_weighting="inverse-gap"'), 0.7),
 ])
 def test_a_consistency_student_maps_noise_to_its_teachers_sample_in_one_step(recipe, share):
     # A teacher of image-sized predictions (a wilder one sends its own ODE, and the targets, far from the data).

@@ -5,9 +5,9 @@ Run:  python -m benchmarks.studies.consistency_ablation --out runs/consistency-a
           [--variants tune cd2023 ...] [--passes 1 2 4] [--guidance 1.5 2] [--num 1000]
 
 Every variant distils the same teacher from the same ``[distill]`` config (``--config``) with a few settings
-changed (:data:`VARIANTS`): consistency tuning as ``ddim distill --method consistency`` runs it by default, Song et
-al. 2023's recipe (``cd2023``: the teacher's grid, the squared error, equal weights), and the tuning recipe with one
-part switched back at a time. Each trains ``--steps`` optimiser steps with gaps shrinking every ``--stage-steps``,
+changed (:data:`VARIANTS`): consistency tuning (:data:`TUNING`), Song et al. 2023's recipe (``cd2023``: the
+teacher's grid, the squared error, equal weights; ``ddim distill --method consistency``'s defaults), and the tuning
+recipe with one part switched back at a time. Each trains ``--steps`` optimiser steps with gaps shrinking every ``--stage-steps``,
 except where a step costs another CPU time: ECT's own pairs (``tune-data``: no teacher in the step) train for the
 steps the same CPU seconds buy, from the CPU seconds per step measured here first (``<out>/step-costs.json``).
 
@@ -37,17 +37,22 @@ from benchmarks.common import ddim_command, log
 from benchmarks.studies.distill import RESULTS, key, measure, training_cost
 
 COSTS = "step-costs.json"
+TUNING = ['distill.consistency_times="continuous"', 'distill.consistency_loss="pseudo-huber"',
+          'distill.consistency_weighting="inverse-gap"']
+"""Consistency tuning's settings; the ``consistency_*`` defaults are Song et al. 2023's recipe."""
 VARIANTS = {
-    "tune": ("consistency tuning: continuous levels, shrinking gap, pseudo-Huber, 1 / (t - r), teacher's pairs", []),
+    "tune": ("consistency tuning: continuous levels, shrinking gap, pseudo-Huber, 1 / (t - r), teacher's pairs",
+             TUNING),
     "cd2023": ("Song et al. 2023: the teacher's grid, squared error, equal weights",
                ['distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
                 'distill.consistency_weighting="uniform"']),
     "tune-schedule": ("tuning with first levels uniform in the schedule's time instead of log-normal",
-                      ['distill.consistency_levels="schedule"']),
-    "tune-data": ("tuning with ECT's own pairs: the same image and noise, no teacher", ['distill.consistency_pair="data"']),
-    "tune-squared": ("tuning with the squared error", ['distill.consistency_loss="squared"']),
-    "tune-uniform": ("tuning with equal weights", ['distill.consistency_weighting="uniform"']),
-    "tune-grid": ("tuning's loss and weights on the teacher's grid", ['distill.consistency_times="grid"']),
+                      [*TUNING, 'distill.consistency_levels="schedule"']),
+    "tune-data": ("tuning with ECT's own pairs: the same image and noise, no teacher",
+                  [*TUNING, 'distill.consistency_pair="data"']),
+    "tune-squared": ("tuning with the squared error", [*TUNING, 'distill.consistency_loss="squared"']),
+    "tune-uniform": ("tuning with equal weights", [*TUNING, 'distill.consistency_weighting="uniform"']),
+    "tune-grid": ("tuning's loss and weights on the teacher's grid", [*TUNING, 'distill.consistency_times="grid"']),
 }
 UNGUIDED = {"tune-data"}
 """Variants trained at guidance 1 alone: scored there."""

@@ -18,9 +18,9 @@ CONSISTENCY_WEIGHTINGS = ("inverse-gap", "uniform")
 class DistillConfig:
     """``ddim distill``: progressive distillation (Salimans & Ho 2022, Algorithm 2) of a teacher into few-step
     students, with the guidance scale folded into the student first for class-conditional teachers (Meng et al.
-    2023, stage one), or consistency distillation into one student of 1, 2 or 4 steps (consistency tuning, Geng et
-    al. 2024, by default; Song et al. 2023's Algorithm 2 with ``consistency_times = "grid"``,
-    ``consistency_loss = "squared"`` and ``consistency_weighting = "uniform"``). Defaults follow the papers' reference code (google-research ``diffusion_distillation``,
+    2023, stage one), or consistency distillation into one student of 1, 2 or 4 steps (Song et al. 2023's Algorithm 2 by default;
+    consistency tuning, Geng et al. 2024, with ``consistency_times = "continuous"``, ``consistency_loss =
+    "pseudo-huber"`` and ``consistency_weighting = "inverse-gap"``). Defaults follow the papers' reference code (google-research ``diffusion_distillation``,
     ``cifar_distill.py``; openai ``consistency_models_cifar10``) where it fits a CPU-sized run; see
     docs/distillation.md."""
 
@@ -78,18 +78,21 @@ class DistillConfig:
     guidance_focus: tuple[float, ...] = (1.0, 2.0)
     """With guidance_sampling "focused": the [lowest, highest] scale half of the draws come from; within
     [guidance_min, guidance_max]."""
-    consistency_times: str = "continuous"
-    """Consistency: where the pairs of points lie. "continuous": a noise level drawn from a log-normal and a second
-    one a gap below it that shrinks stage by stage (consistency tuning, Geng et al. 2024, ECT); "grid": neighbours
-    on the teacher's ``start_steps``-step uniform grid (Song et al. 2023, Algorithm 2)."""
+    consistency_times: str = "grid"
+    """Consistency: where the pairs of points lie. "grid": neighbours on the teacher's ``start_steps``-step uniform
+    grid (Song et al. 2023, Algorithm 2); "continuous": a noise level drawn from a log-normal and a second one a gap
+    below it that shrinks stage by stage (consistency tuning, Geng et al. 2024, ECT). The defaults of the
+    ``consistency_*`` settings are Song et al.'s recipe, which scored best at every pass count against consistency
+    tuning and each of its parts at equal CPU time (docs/research/consistency-tuning.md)."""
     consistency_pair: str = "teacher"
     """Consistency: how the pair's second point is made. "teacher": one step of the guided teacher's ODE from the
     first (distillation; the guidance scale an input); "data": the same image and noise at the second level (ECT's
     tuning: no teacher in the step, so no guidance to learn; the student is trained at guidance 1)."""
-    consistency_loss: str = "pseudo-huber"
-    """Consistency: "pseudo-huber" (iCT: sqrt(|d|^2 + c^2) - c per image) or "squared" (the mean squared error)."""
-    consistency_weighting: str = "inverse-gap"
-    """Consistency: "inverse-gap" weighs a pair by 1 / (t - r), its levels' gap (ECT); "uniform" weighs all alike."""
+    consistency_loss: str = "squared"
+    """Consistency: "squared" (the mean squared error) or "pseudo-huber" (iCT: sqrt(|d|^2 + c^2) - c per image)."""
+    consistency_weighting: str = "uniform"
+    """Consistency: "uniform" weighs all pairs alike; "inverse-gap" weighs a pair by 1 / (t - r), its levels' gap
+    (ECT)."""
     consistency_gap_base: float = 2.0
     """Consistency with continuous times: q, the gap is the level's n(t) / q^(s + 1) at stage s (ECT: 2)."""
     consistency_stage_steps: int = 2000

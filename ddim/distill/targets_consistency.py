@@ -30,7 +30,9 @@ students of progressive distillation follow too; the paper's is Heun's), and pul
 ``f(z_{t_n}, t_n)`` towards the target network's ``f(z_hat_{t_{n-1}}, t_{n-1})`` (:func:`consistency_loss`). At
 ``n = 1`` the target is the teacher's image prediction itself, the last step of its ``N``-step sample.
 
-**Consistency tuning** (the default, ``distill.consistency_times = "continuous"``): Easy Consistency Tuning (Geng
+**Consistency tuning** (``distill.consistency_times = "continuous"``, ``consistency_loss = "pseudo-huber"``,
+``consistency_weighting = "inverse-gap"``; measured behind Song et al.'s recipe at equal CPU time, so not the default:
+docs/research/consistency-tuning.md): Easy Consistency Tuning (Geng
 et al. 2024, ECT; locuslab/ect ``training/loss.py``) with improved consistency training's distance (Song & Dhariwal
 2023, iCT). The student starts from the teacher's weights; a noise level ``t`` is drawn from a log-normal and the
 pair's second level ``r`` lies a gap below it that shrinks by ``q`` every stage (:func:`shrinking_gap_level`); the
