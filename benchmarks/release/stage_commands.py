@@ -3,8 +3,8 @@
 The rebuild changes neither its own working directory nor its environment: each child gets the stage's (``cwd=``,
 ``env=``), with the repository on ``PYTHONPATH`` so that ``benchmarks`` imports from any directory. A stop
 (Ctrl-C, SIGTERM) is passed on to the child, which saves and stops as it would alone (``ddim train`` and ``ddim
-distill`` exit 130). The child runs in a session of its own, so that a terminal's Ctrl-C reaches it once, through
-the rebuild. Its stderr passes through the rebuild, which notes whether it printed an ``error:`` line (the rebuild
+distill`` exit 130). The child runs in a process group of its own (``start_new_session``), so that a terminal's
+Ctrl-C reaches it once, through the rebuild. Its stderr passes through the rebuild, which notes whether it printed an ``error:`` line (the rebuild
 then prints no second one); through a pseudo-terminal when the rebuild's stderr is a terminal, so that progress
 bars still show.
 """
