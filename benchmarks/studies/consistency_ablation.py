@@ -34,7 +34,7 @@ from ddim.workdir import Workdir
 from ddim.workdir.records import read_records
 
 from benchmarks.common import ddim_command, log
-from benchmarks.studies.distill import RESULTS, key, measure, training_cost
+from benchmarks.studies.distill import RESULTS, key, measure, random_batch, training_cost
 
 COSTS = "step-costs.json"
 TUNING = ['distill.consistency_times="continuous"', 'distill.consistency_loss="pseudo-huber"',
@@ -63,7 +63,6 @@ def step_cost(teacher: str, config: str, settings: list[str], repeats: int = 3, 
     import statistics
 
     import jax
-    import numpy as np
 
     from ddim.distill import plan as plan_lib
     from ddim.distill.loop import run_config
@@ -78,10 +77,7 @@ def step_cost(teacher: str, config: str, settings: list[str], repeats: int = 3, 
     state = create_student_state(student, loaded.variables, run, phase, jax.random.key(0))
     step_settings = StepSettings.of(student, loaded.model, run, phase)
     step = jax.jit(lambda s, b, r: distill_step(s, loaded.variables, b, r, step_settings))
-    size = run.distill.batch_size
-    rng = np.random.default_rng(0)
-    batch = {"image": rng.integers(0, 256, (size, *loaded.image_shape), dtype=np.uint8),
-             "label": (np.arange(size) % max(model.num_classes, 1)).astype(np.int32)}
+    batch = random_batch(loaded, run.distill.batch_size)
     state, metrics = step(state, batch, jax.random.key(1))
     jax.block_until_ready(metrics)
     seconds = []

@@ -115,11 +115,20 @@ def training_cost(students: Path) -> list[dict]:
     return list(phases.values())
 
 
+def random_batch(teacher, batch_size: int) -> dict:
+    """A batch of random images of the loaded ``teacher``'s size with its classes in turn: what a step costs does
+    not depend on the pixels."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return {"image": rng.integers(0, 256, (batch_size, *teacher.image_shape), dtype=np.uint8),
+            "label": (np.arange(batch_size) % max(teacher.config.model.num_classes, 1)).astype(np.int32)}
+
+
 def step_costs(teacher_source: str, config_file: str, repeats: int = 4, steps: int = 3) -> dict[str, float]:
     """The median CPU seconds of one distillation step of each kind (module docstring), on a batch of random
     images of the teacher's size with its classes; a round's teacher is a stage-one student as it starts."""
     import jax
-    import numpy as np
 
     from ddim.distill import plan as plan_lib
     from ddim.distill.loop import run_config
@@ -130,9 +139,7 @@ def step_costs(teacher_source: str, config_file: str, repeats: int = 4, steps: i
     model = teacher.config.model
     base = run_config(teacher.config, config_file)
     batch_size = base.distill.batch_size
-    rng = np.random.default_rng(0)
-    batch = {"image": rng.integers(0, 256, (batch_size, *teacher.image_shape), dtype=np.uint8),
-             "label": (np.arange(batch_size) % max(model.num_classes, 1)).astype(np.int32)}
+    batch = random_batch(teacher, batch_size)
     jobs = {}
     for method in ("progressive", "consistency"):
         config = run_config(teacher.config, config_file, [f"distill.method={method}"])
