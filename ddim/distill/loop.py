@@ -35,10 +35,10 @@ from ddim import data as data_lib
 from ddim import parallel
 from ddim.checkpoint import Checkpointer, load_ema
 from ddim.checkpoint.ema import check_fits_config
-from ddim.config import Config, ConfigError, apply_overrides, from_dict
-from ddim.config import named as named_config
+from ddim.config import Config
 from ddim.distill import plan as plan_lib
 from ddim.distill.plan import Phase
+from ddim.distill.settings import check_settings, check_teacher_record, run_config, teacher_identity
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
 from ddim.environment import run_fields
 from ddim.errors import UserError
@@ -50,39 +50,7 @@ from ddim.train.actions import LogTrainMetrics, MetricsBuffer, SampleGrid, SaveC
 from ddim.train.steps import RunOutputs, run_steps
 from ddim.train.state import TrainState
 from ddim.workdir import Workdir, WorkdirLock, lock_for_training
-from ddim.workdir.records import append_record, read_records
-
-def teacher_identity(source: str | Path) -> str:
-    """How ``distill.jsonl`` and the students' configs name a teacher: ``pretrained:NAME``, or the absolute path."""
-    from ddim.pretrained.registry import pretrained_name
-
-    return str(source) if pretrained_name(source) is not None else str(Path(source).absolute())
-
-
-def run_config(teacher: Config, config_file: str | Path | None = None, overrides=()) -> Config:
-    """The run's config: the teacher's, named ``<teacher>-distilled``, with ``config_file``'s ``[distill]`` section
-    (and ``name``) and then ``overrides`` (``section.key=value``, any section) applied."""
-    return from_dict(apply_overrides(_distill_values(teacher.to_dict(), teacher.name, config_file), list(overrides)))
-
-
-def check_settings(config_file: str | Path | None = None, overrides=()) -> None:
-    """The ``[distill]`` settings alone, checked before anything loads or is written (:class:`ConfigError`); the
-    rest of the run's config is the teacher's, checked once it is loaded (:func:`run_config`)."""
-    values = _distill_values({}, "teacher", config_file)
-    from_dict(apply_overrides(values, [item for item in overrides if str(item).startswith("distill.")]))
-
-
-def _distill_values(values: dict, teacher_name: str, config_file) -> dict:
-    values = dict(values, name=f"{teacher_name}-distilled")
-    if config_file is not None:
-        given, _ = named_config.read(config_file)
-        extra = sorted(set(given) - {"name", "distill"})
-        if extra:
-            raise ConfigError(f"a distillation config holds [distill] and name only (the rest is the teacher's); "
-                              f"{config_file} also has {', '.join(extra)} (use --set for those)")
-        values["name"] = given.get("name", values["name"])
-        values["distill"] = given.get("distill", {})
-    return values
+from ddim.workdir.records import append_record
 
 
 @dataclass
@@ -187,7 +155,7 @@ class DistillationRun(RunOutputs):
         config = run_config(teacher.config, config_file, overrides)
         phases = tuple(plan_lib.plan(teacher.config.model, config))
         name = teacher_identity(teacher_source)
-        _check_teacher_record(workdir, name, teacher.step)
+        check_teacher_record(workdir, name, teacher.step)
         d = config.distill
         if teacher.config.model.prediction != d.prediction:
             early_say(f"warning: the teacher predicts {teacher.config.model.prediction} and the students "
@@ -342,19 +310,6 @@ class DistillationRun(RunOutputs):
             raise TrainingError(f"the {phase.student_name}-step student of this run is missing from "
                                 f"{self.student_dir(phase)}; use another --workdir")
         self._export(phase, state)
-
-
-def _check_teacher_record(workdir: Path, source: str, step: int | None) -> None:
-    """The first record of ``distill.jsonl`` names the teacher; a resumed run must have the same one."""
-    path = Workdir(workdir).distill_file
-    first = next(iter(read_records(path)), None)
-    if first is None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        append_record(path, {"teacher": source, "teacher_step": step})
-        return
-    if (first.get("teacher"), first.get("teacher_step")) != (source, step):
-        raise TrainingError(f"{workdir} distils {first.get('teacher')} (step {first.get('teacher_step')}), not "
-                            f"{source} (step {step}); give that teacher to resume, or use another --workdir")
 
 
 def _resume(checkpointer: Checkpointer, config: Config, teacher, phases, mesh, warn) -> Resumed:
