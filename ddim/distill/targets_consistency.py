@@ -1,4 +1,5 @@
-"""Consistency distillation's maths as pure functions of arrays (Song et al. 2023, "Consistency models").
+"""Consistency distillation's maths as pure functions of arrays (Song et al. 2023, "Consistency models"), and
+consistency tuning's and consistency mid-training's.
 
 Notation as :mod:`ddim.distill.targets`: ``z_t = alpha_t x + sigma_t eps`` (DDIM eq. 4) on this project's cosine
 schedule (signal rate 0.95 at ``t = 0`` to 0.02 at ``t = 1``), ``x_hat`` and ``eps_hat`` a model's image and noise
@@ -55,6 +56,25 @@ loss is ``w(t, r) d(f(z_t, t), sg f(z_r, r))`` with the pseudo-Huber ``d`` and `
   from the log-normal: an option of this project, since a short CPU run trains few draws at the noisiest end,
   where sampling in one pass evaluates the student (the log-normal's median level is 0.67 here).
 - There is no dropout in this network, so ECT's shared dropout mask has nothing to share.
+
+**Consistency mid-training** (``distill.consistency_midtraining_steps``; Hu et al. 2025, "Consistency
+mid-training", CMT; sony/cmt ``training/loss.py``, ``DPMSolverLoss``): before consistency distillation, the
+student, started from the teacher's weights, regresses the consistency function directly on trajectories the
+teacher solved: ``f(z_{t_n}, t_n)`` onto the trajectory's end ``x_0`` (:func:`teacher_trajectory`,
+:func:`midtraining_loss`), so consistency distillation starts from a network that already maps every point of
+the teacher's ODE near its end. Departures, and why:
+
+- The trajectories are the guided teacher's deterministic DDIM path on the ``start_steps``-step uniform grid
+  from pure noise (DDIM eq. 13, :func:`teacher_ode_step`), the points and the solver the grid recipe trains on;
+  CMT's are DPM-Solver++ multistep paths on a log-SNR grid started from noised data at EDM's ``t = 80``.
+- They are solved once and banked (``<out>/trajectories.npz``, :mod:`ddim.distill.bank`), and each step draws
+  (trajectory, grid point) pairs from the bank; CMT's code solves each batch's trajectories as it trains and
+  trains on every point of them. Banking keeps the teacher out of the mid-training step, which is a CPU run's
+  cost.
+- The distance is the squared error with equal weights, as the 2023 recipe's (:func:`consistency_loss`); CMT's
+  images use LPIPS (its squared-error option is the per-image sum, the same loss up to a constant).
+- The trajectories carry each one's class (a ``label_dropout`` share the null class) and guidance scale, drawn as
+  consistency distillation draws them, so the mid-trained student takes the same inputs as the final one.
 """
 
 from __future__ import annotations
@@ -179,3 +199,28 @@ def tuning_loss(student_images, target_images, level_t, level_r, *, huber_c: flo
     if inverse_gap:
         distance = distance / (level_t - level_r).reshape(-1)
     return jnp.mean(distance)
+
+
+# --- consistency mid-training: regress the consistency function on the teacher's banked trajectories --------------
+
+
+def teacher_trajectory(teacher: Denoise, schedule: Callable, noise, steps: int):
+    """The teacher's deterministic DDIM path from ``noise`` at ``t = 1`` down the ``steps``-step uniform grid:
+    ``(states, end)``, ``states`` shaped ``(steps, *noise.shape)`` with ``states[n - 1]`` the point at ``t_n = n /
+    steps``, and ``end`` the image prediction at ``t_1`` (the last :func:`teacher_ode_step`, to the boundary): the
+    teacher's ``steps``-step DDIM sample of ``noise``."""
+    ones = jnp.ones((noise.shape[0],), jnp.int32)
+
+    def step(z, n):
+        index = ones * n
+        rates_t = schedule((index.astype(jnp.float32) / steps).reshape(-1, 1, 1, 1))
+        return teacher_ode_step(teacher, z, rates_t, previous_rates(schedule, index, steps)), z
+
+    end, states = jax.lax.scan(step, noise, jnp.arange(steps, 0, -1))
+    return states[::-1], end
+
+
+def midtraining_loss(student_images, end_images):
+    """``mean |f_theta(z_{t_n}, t_n) - x_end|^2``: CMT's regression of the student's consistency function on the
+    trajectory's end, with :func:`consistency_loss`'s squared error and equal weights (module docstring)."""
+    return consistency_loss(student_images, end_images)
