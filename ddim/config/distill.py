@@ -115,8 +115,17 @@ class DistillConfig:
     consistency_huber_c: float = 0.00108
     """Consistency with the pseudo-Huber loss: c over sqrt(d), d the image's numbers (H x W x C): iCT's 0.00054 for
     data in [-1, 1], doubled for this project's unit-variance data (c = 0.06 at 32x32)."""
+    consistency_midtraining_steps: int = 0
+    """Consistency: optimiser steps of consistency mid-training (Hu et al. 2025, CMT) before consistency
+    distillation; 0: none. The student, started from the teacher's weights, learns to map every point of banked
+    trajectories of the guided teacher's ODE (its DDIM path on the ``start_steps``-step grid) to the trajectory's
+    end, and consistency distillation starts from the mid-trained weights (ddim/distill/plan.py)."""
+    consistency_bank_size: int = 2048
+    """Consistency mid-training: the trajectories banked once, before it trains, in ``<out>/trajectories.npz``:
+    ``start_steps`` points each in float16 and the end image, 200 MB for 2048 trajectories of 16 steps at 32x32;
+    the teacher's cost is ``start_steps`` guided passes per trajectory. At least ``batch_size``."""
     seed: int = 0
-    """Seed of the data order, noise, times and guidance scales."""
+    """Seed of the data order, noise, times, guidance scales and banked trajectories."""
 
 
 def validate_distill(d: DistillConfig) -> None:
@@ -125,13 +134,17 @@ def validate_distill(d: DistillConfig) -> None:
     at_least(1, {"distill.start_steps": d.start_steps, "distill.end_steps": d.end_steps,
                  "distill.round_steps": d.round_steps, "distill.batch_size": d.batch_size,
                  "distill.consistency_steps": d.consistency_steps})
-    at_least(0, {"distill.first_stage_steps": d.first_stage_steps})
+    at_least(0, {"distill.first_stage_steps": d.first_stage_steps,
+                 "distill.consistency_midtraining_steps": d.consistency_midtraining_steps})
     choice("distill.prediction", d.prediction, ("velocity", "image"))
     choice("distill.guidance_sampling", d.guidance_sampling, ("uniform", "focused"))
     if d.method == "consistency":
         _validate_consistency(d)
     else:
         _validate_halving(d)
+        if d.consistency_midtraining_steps:
+            raise ConfigError(f"distill.consistency_midtraining_steps is for distill.method \"consistency\" "
+                              f"(mid-training comes before consistency distillation), not {d.method!r}; set it to 0")
     if not d.learning_rate > 0:
         raise ConfigError(f"distill.learning_rate must be > 0, got {d.learning_rate}")
     if d.grad_clip < 0:
@@ -174,6 +187,9 @@ def _validate_consistency(d: DistillConfig) -> None:
         raise ConfigError(f"distill.consistency_time_std must be > 0, got {d.consistency_time_std}")
     if d.consistency_huber_c < 0.0:
         raise ConfigError(f"distill.consistency_huber_c must be >= 0, got {d.consistency_huber_c}")
+    if d.consistency_midtraining_steps and d.consistency_bank_size < d.batch_size:
+        raise ConfigError(f"distill.consistency_bank_size ({d.consistency_bank_size}) must be at least "
+                          f"distill.batch_size ({d.batch_size}): mid-training draws its batches from the bank")
     counts = d.student_steps
     if not counts or any(count < 1 or d.start_steps % count for count in counts) or len(set(counts)) < len(counts):
         divisors = ", ".join(str(n) for n in range(1, d.start_steps + 1) if d.start_steps % n == 0)

@@ -22,7 +22,7 @@ the source is TFDS.
 from ddim.data.cache import ImageRows
 from ddim.data.errors import DataError
 from ddim.data.loader import (COPYING_PASSES, BatchOrder, batch_order, copying_warning, epoch_batches, eval_batches,
-                              first_batches, total_steps, train_batches)
+                              first_batches, read_batch, total_steps, train_batches)
 from ddim.data.preprocess import center_crop_resize
 from ddim.data.report import REPORT_FILE, Data, previous_fingerprint, write_report
 from ddim.data.sources import cache_root, load, load_split, load_split_labels, min_image_size, split_fingerprint
@@ -31,6 +31,6 @@ from ddim.lazy_tensorflow import tensorflow
 __all__ = [
     "BatchOrder", "COPYING_PASSES", "Data", "DataError", "ImageRows", "REPORT_FILE", "batch_order", "cache_root", "center_crop_resize",
     "copying_warning", "epoch_batches", "eval_batches", "first_batches", "load", "load_split", "load_split_labels",
-    "min_image_size", "previous_fingerprint", "split_fingerprint", "tensorflow", "total_steps",
+    "min_image_size", "previous_fingerprint", "read_batch", "split_fingerprint", "tensorflow", "total_steps",
     "train_batches", "write_report",
 ]

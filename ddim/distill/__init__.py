@@ -2,10 +2,12 @@
 
 - :mod:`~ddim.distill.targets`: the maths (grid times, the two-step target, the guided target, the loss).
 - :mod:`~ddim.distill.targets_consistency`: consistency distillation's maths (the boundary, the teacher's ODE
-  step, the loss).
-- :mod:`~ddim.distill.plan`: a run's phases (stage one, halving rounds, or the one consistency phase) and each
-  student's model config.
-- :mod:`~ddim.distill.step`: the student's state and the jitted distillation step.
+  step, the loss; consistency tuning's and mid-training's).
+- :mod:`~ddim.distill.plan`: a run's phases (stage one, halving rounds, or consistency mid-training and the
+  consistency phase) and each student's model config.
+- :mod:`~ddim.distill.settings`: a run's config and the work directory's record of its teacher.
+- :mod:`~ddim.distill.bank`: consistency mid-training's banked teacher trajectories (solved, stored, drawn from).
+- :mod:`~ddim.distill.step`: the student's state and the jitted distillation steps.
 - :mod:`~ddim.distill.loop`: ``distill(teacher, workdir)``, setting a run up and training phase after phase.
 """
 

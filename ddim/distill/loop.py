@@ -7,8 +7,9 @@ directory holds::
     <workdir>/
       checkpoints/<step>/        the student in training (Ctrl-C saves; the same command resumes)
       students/<N>/checkpoints/  the student of every finished phase, N its step count (or ``consistency``, the one
-                                 consistency student): a work directory of its own
-                                 (ddim sample --workdir <workdir>/students/4)
+                                 consistency student, or ``midtraining``, the mid-trained weights it starts from): a
+                                 work directory of its own (ddim sample --workdir <workdir>/students/4)
+      trajectories.npz           consistency mid-training's banked teacher trajectories (:mod:`ddim.distill.bank`)
       distill.jsonl              the teacher, and the optimiser steps and seconds of every stretch of training
                                  (and what it ran on: the backend, which kernels ran the convolutions)
       samples/, tensorboard/, data_cache/   as for ddim train
@@ -23,6 +24,7 @@ the one it reached (:class:`PhaseEnd`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +38,9 @@ from ddim import parallel
 from ddim.checkpoint import Checkpointer, load_ema
 from ddim.checkpoint.ema import check_fits_config
 from ddim.config import Config
+from ddim.distill import bank as bank_lib
 from ddim.distill import plan as plan_lib
-from ddim.distill.plan import Phase
+from ddim.distill.plan import CONSISTENCY, MIDTRAINING, Phase
 from ddim.distill.settings import check_settings, check_teacher_record, run_config, teacher_identity
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
 from ddim.environment import run_fields
@@ -97,7 +100,7 @@ class Resumed(NamedTuple):
 @dataclass(frozen=True)
 class PhaseJob:
     """What one phase trains with, fixed for its length: the phase, the student's config and model, its teacher
-    (replicated) and the compiled step."""
+    (replicated), the compiled step and its global batches from a step on."""
 
     phase: Phase
     config: Config
@@ -105,6 +108,7 @@ class PhaseJob:
     student: DiffusionModel
     teacher_variables: Any
     step_fn: Callable
+    batches: Callable[[int], Iterator[Any]]
 
 
 class PhaseEnd(NamedTuple):
@@ -125,6 +129,7 @@ class DistillationRun(RunOutputs):
     workdir: Path
     teacher_name: str
     """The teacher as the students' configs and ``distill.jsonl`` name it (:func:`teacher_identity`)."""
+    teacher_step: int | None
     teacher_model: DiffusionModel
     teacher_variables: dict[str, Any]
     phases: tuple[Phase, ...]
@@ -187,9 +192,9 @@ class DistillationRun(RunOutputs):
             + (f"; resuming from step {resumed.step}" if resumed.step else ""))
         # The students' batch size and seed (the train section stays the teacher's record).
         order = data_lib.batch_order(config.data, len(data.train), d.batch_size, d.seed)
-        run = cls(config, workdir, name, DiffusionModel(teacher.config.model), teacher.variables, phases, data.train,
-                  order, order.steps_per_epoch(len(data.train)), label_table, mesh, checkpointer, progress, Reporter(writer, say), say,
-                  rng, grid_rng, lock)
+        run = cls(config, workdir, name, teacher.step, DiffusionModel(teacher.config.model), teacher.variables, phases,
+                  data.train, order, order.steps_per_epoch(len(data.train)), label_table, mesh, checkpointer, progress,
+                  Reporter(writer, say), say, rng, grid_rng, lock)
         return run, resumed
 
     def batches(self, start_step: int) -> Iterator[dict[str, jax.Array]]:
@@ -198,10 +203,17 @@ class DistillationRun(RunOutputs):
             batch = dict(batch, label=self.label_table(batch["label"]))
             yield parallel.global_batch(batch, self.mesh)
 
+    def midtraining_batches(self, bank: bank_lib.Bank, start_step: int) -> Iterator[dict[str, jax.Array]]:
+        """Global batches of banked trajectory points from ``start_step`` on (:func:`ddim.distill.bank.batches`)."""
+        d = self.config.distill
+        for batch in bank_lib.batches(bank, d.seed, d.batch_size, start_step):
+            yield parallel.global_batch(batch, self.mesh)
+
     def teacher_of(self, phase: Phase) -> tuple[DiffusionModel, dict[str, Any]]:
-        """The first phase's teacher is the run's; every later one is the previous phase's student."""
+        """A round's teacher is the previous phase's student; every other phase's (consistency distillation's after
+        mid-training too) is the run's."""
         index = self.phases.index(phase)
-        if index == 0:
+        if index == 0 or phase.kind in (CONSISTENCY, MIDTRAINING):
             return self.teacher_model, self.teacher_variables
         previous = load_ema(self.student_dir(self.phases[index - 1]))
         return DiffusionModel(previous.config.model), previous.variables
@@ -219,14 +231,48 @@ class DistillationRun(RunOutputs):
         student = DiffusionModel(config.model)
         teacher_model, teacher_variables = self.teacher_of(phase)
         step_fn = compiled_step(StepSettings.of(student, teacher_model, self.config, phase), self.mesh)
-        return PhaseJob(phase, config, student, parallel.replicate(teacher_variables, self.mesh), step_fn)
+        batches = self.batches
+        if phase.kind == MIDTRAINING:
+            batches = functools.partial(self.midtraining_batches, self.trajectory_bank(phase))
+        return PhaseJob(phase, config, student, parallel.replicate(teacher_variables, self.mesh), step_fn, batches)
 
     def first_state(self, job: PhaseJob) -> TrainState:
-        """A phase's first state: its teacher's weights, a fresh optimiser and weight average
-        (:func:`create_student_state`)."""
+        """A phase's first state: its teacher's weights (after mid-training, the mid-trained student's), a fresh
+        optimiser and weight average (:func:`create_student_state`)."""
         phase = job.phase
-        return create_student_state(job.student, job.teacher_variables, self.config, phase,
+        index = self.phases.index(phase)
+        weights = job.teacher_variables
+        if phase.kind == CONSISTENCY and index > 0:
+            weights = load_ema(self.student_dir(self.phases[index - 1])).variables
+        return create_student_state(job.student, weights, self.config, phase,
                                     jax.random.fold_in(self.rng, phase.start), self.mesh)
+
+    def trajectory_bank(self, phase: Phase) -> bank_lib.Bank:
+        """Mid-training's banked trajectories: read from the work directory, or solved and stored there (when
+        missing, or made with other settings); the solving's seconds count to ``phase`` in ``distill.jsonl``."""
+        settings = bank_lib.BankSettings.of(self.config, self.teacher_name, self.teacher_step, self.teacher_model)
+        path = Workdir(self.workdir).trajectories
+        bank, why = bank_lib.load(path, settings)
+        if bank is not None:
+            self.say(f"read {settings.size} banked trajectories from {path}")
+            return bank
+        self.say((f"{path} {why}; " if why else "") + f"banking {settings.size} trajectories of the teacher's "
+                 f"{settings.grid_steps}-step guided DDIM path")
+        started = time.perf_counter()
+
+        def class_ids(indices):
+            return self.label_table(data_lib.read_batch(self.train_images, indices)["label"])
+
+        bank = bank_lib.solve(self.teacher_model, self.teacher_variables, settings, class_ids, len(self.train_images))
+        if jax.process_index() == 0:
+            bank_lib.save(path, bank, settings)
+        seconds = time.perf_counter() - started
+        append_record(Workdir(self.workdir).distill_file, {
+            "phase": phase.kind, "student_steps": phase.student_steps, "from_step": phase.start,
+            "to_step": phase.start, "seconds": round(seconds, 3), "banked_trajectories": settings.size,
+            **run_fields(self.config.model.dtype)})
+        self.say(f"banked {settings.size} trajectories in {seconds:.1f} s ({path})")
+        return bank
 
     def train(self, resumed: Resumed) -> DistillResult:
         state, step = resumed
@@ -248,7 +294,7 @@ class DistillationRun(RunOutputs):
     def finished_students(self) -> dict[int, Path]:
         """The students written so far, by every step count each samples with."""
         found = {}
-        for phase in self.phases:
+        for phase in filter(lambda phase: phase.delivers_student, self.phases):
             path = self.student_dir(phase)
             if Workdir(path).checkpoints.is_dir():
                 counts = SamplingRules.of(self.student_config(phase).model).step_counts
@@ -275,7 +321,7 @@ class DistillationRun(RunOutputs):
             return job.step_fn(state, job.teacher_variables, batch, self.rng)
 
         try:
-            stretch = run_steps(self, distill_step, state, self.batches(step), start_step=step, end_step=phase.end,
+            stretch = run_steps(self, distill_step, state, job.batches(step), start_step=step, end_step=phase.end,
                                 total_steps=phase.end, steps_per_epoch=self.steps_per_epoch, actions=actions,
                                 metrics=metrics, mesh=self.mesh)
         finally:
@@ -297,6 +343,9 @@ class DistillationRun(RunOutputs):
         finally:
             checkpointer.close()
         steps = ", ".join(str(count) for count in SamplingRules.of(config.model).step_counts)
+        if not phase.delivers_student:
+            self.say(f"{phase.describe()} done: its student, where the next phase starts, is {target}")
+            return target
         self.say(f"{phase.describe()} done: the student of {steps} step{'s' if steps != '1' else ''} is {target} "
                  f"(ddim sample --workdir {target})")
         return target

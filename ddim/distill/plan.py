@@ -12,7 +12,11 @@ Progressive distillation (``distill.method = "progressive"``):
 Consistency distillation (``"consistency"``) is one phase whose student, started from the teacher's weights,
 learns the consistency function of the teacher's guided probability-flow ODE, at continuous noise levels with a
 gap that shrinks stage by stage (consistency tuning, Geng et al. 2024) or on its ``start_steps``-step grid (Song
-et al. 2023, Algorithm 2), and samples in any of ``distill.student_steps`` steps.
+et al. 2023, Algorithm 2), and samples in any of ``distill.student_steps`` steps. With
+``distill.consistency_midtraining_steps``, consistency mid-training (``"midtraining"``, Hu et al. 2025) comes
+first: the same student, started from the teacher's weights, learns to map the points of banked trajectories of
+the teacher's guided ODE to their ends; its student (``students/midtraining``) is where the consistency phase
+starts, which still distils the run's teacher and writes the run's one student.
 
 The global step counts on across phases, so a checkpoint's step says which phase it belongs to and resuming is
 exact. JAX-free, so the command line checks a plan before it loads anything.
@@ -28,6 +32,7 @@ from ddim.config import Config, ConfigError, ModelConfig
 GUIDANCE_STAGE = "guidance"
 ROUND = "round"
 CONSISTENCY = "consistency"
+MIDTRAINING = "midtraining"
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class Phase:
     end: int
     grid_steps: int
     """The steps of the uniform grid whose times are trained: the student's in a round, the teacher's
-    ``start_steps`` in stage one and in consistency distillation."""
+    ``start_steps`` in stage one, in consistency mid-training and in consistency distillation."""
 
     @property
     def teacher_steps(self) -> int:
@@ -55,14 +60,21 @@ class Phase:
     @property
     def student_name(self) -> str:
         """The student's folder under ``students/``: its step count, or ``consistency`` (one student, several
-        counts)."""
-        return CONSISTENCY if self.kind == CONSISTENCY else str(self.student_steps)
+        counts), or ``midtraining`` (the weights consistency distillation starts from)."""
+        return self.kind if self.kind in (CONSISTENCY, MIDTRAINING) else str(self.student_steps)
+
+    @property
+    def delivers_student(self) -> bool:
+        """Whether the phase's student is one of the run's results; a mid-trained one is a starting point."""
+        return self.kind != MIDTRAINING
 
     def describe(self) -> str:
         if self.kind == GUIDANCE_STAGE:
             return f"stage one: the teacher at {self.student_steps} steps, guidance in one pass per step"
         if self.kind == CONSISTENCY:
             return "consistency distillation"
+        if self.kind == MIDTRAINING:
+            return f"consistency mid-training on the teacher's {self.grid_steps}-step trajectories"
         return f"round {self.teacher_steps} -> {self.student_steps} step{'s' if self.student_steps > 1 else ''}"
 
 
@@ -82,7 +94,9 @@ def plan(teacher: ModelConfig, config: Config) -> list[Phase]:
     """The phases of distilling ``teacher`` with ``config.distill`` (validated by :func:`ddim.config.validate`)."""
     d = config.distill
     if d.method == CONSISTENCY:
-        return [Phase(CONSISTENCY, max(d.student_steps), 0, d.consistency_steps, d.start_steps)]
+        steps, midtraining = max(d.student_steps), d.consistency_midtraining_steps
+        phases = [Phase(MIDTRAINING, steps, 0, midtraining, d.start_steps)] if midtraining else []
+        return [*phases, Phase(CONSISTENCY, steps, midtraining, midtraining + d.consistency_steps, d.start_steps)]
     phases, step = [], 0
     if needs_guidance_stage(teacher, config):
         if not d.first_stage_steps:
@@ -104,7 +118,7 @@ def student_model(teacher: ModelConfig, config: Config, phase: Phase, teacher_na
     scale as an input over the distilled range."""
     d = config.distill
     guided = teacher.class_conditional
-    consistency = phase.kind == CONSISTENCY
+    consistency = phase.kind in (CONSISTENCY, MIDTRAINING)  # a mid-trained student samples as the final one
     # Without stage one the teacher already predicts distill.prediction (needs_guidance_stage).
     return dataclasses.replace(
         teacher,

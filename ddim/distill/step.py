@@ -1,9 +1,11 @@
-"""The student's train state and the jitted distillation step: one optimiser step, nothing around it.
+"""The student's train state and the jitted distillation steps: one optimiser step, nothing around it.
 
 The state is :class:`ddim.train.state.TrainState`, so a student's checkpoint is an ordinary checkpoint that every
-verb loads. Each phase starts a fresh state from its teacher's weights (:func:`create_student_state`) with a fresh
-Adam whose learning rate decays linearly to 0 over the phase, as the reference code does, and a weight average
-that warms up from the phase's start (so none of the previous phase's weights stay in it).
+verb loads. Each phase starts a fresh state from its teacher's weights (:func:`create_student_state`; consistency
+distillation after mid-training from the mid-trained student's) with a fresh Adam whose learning rate decays
+linearly to 0 over the phase, as the reference code does, and a weight average that warms up from the phase's
+start (so none of the previous phase's weights stay in it). Mid-training's step (:func:`midtraining_step`) reads
+banked trajectories instead of images and has no teacher in it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ddim import compilation, diffusion, parallel
 from ddim.config import Config, ConfigError, DistillConfig
 from ddim.distill import targets
 from ddim.distill import targets_consistency as consistency
-from ddim.distill.plan import CONSISTENCY, GUIDANCE_STAGE, Phase
+from ddim.distill.plan import CONSISTENCY, GUIDANCE_STAGE, MIDTRAINING, Phase
 from ddim.model import DiffusionModel, bind_denoiser, init_variables, normalize
 from ddim.train.state import TrainState, class_condition, to_float, update_ema
 
@@ -177,6 +179,30 @@ def distill_step(state: TrainState, teacher_variables, batch, rng, settings: Ste
             _, predicted = student(params)(noisy, noise_rates, signal_rates)
             return targets.truncated_snr_loss(predicted, target, noise_rates, signal_rates)
 
+    return optimiser_step(state, loss_fn, settings)
+
+
+def midtraining_step(state: TrainState, teacher_variables, batch, rng, settings: StepSettings):
+    """One optimiser step of consistency mid-training on banked points ``{"state", "index", "end", "label",
+    "guidance"}`` (:mod:`ddim.distill.bank`): the student's consistency function at each state, at ``t_n = index /
+    grid_steps`` with its trajectory's class and guidance scale, against the trajectory's end
+    (:func:`~ddim.distill.targets_consistency.midtraining_loss`). The bank holds everything: ``teacher_variables``
+    and ``rng`` are unused, the arguments of :func:`distill_step` so that one loop runs both."""
+    times = (batch["index"].astype(jnp.float32) / settings.grid_steps).reshape(-1, 1, 1, 1)
+    rates = settings.student.objective.schedule(times)
+    cond = {"label": batch["label"], "guidance": batch["guidance"]} if settings.conditional else None
+
+    def loss_fn(params):
+        denoise = bind_denoiser(settings.student, {"params": params, "batch_stats": state.batch_stats})
+        predicted = consistency.consistency_function(
+            lambda z, noise_rates, signal_rates: denoise(z, noise_rates, signal_rates, cond), batch["state"], *rates)
+        return consistency.midtraining_loss(predicted, batch["end"])
+
+    return optimiser_step(state, loss_fn, settings)
+
+
+def optimiser_step(state: TrainState, loss_fn, settings: StepSettings):
+    """``loss_fn``'s gradient at the student's weights applied, then the weight average; ``(state, {"loss"})``."""
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     new_state = state.apply_gradients(grads=grads)
     # Warm-up from the phase's start: min(decay, (1 + n) / (10 + n)) after n steps of the phase.
@@ -224,7 +250,9 @@ def consistency_loss_fn(settings: StepSettings, state: TrainState, teach, studen
 
 @functools.cache
 def compiled_step(settings: StepSettings, mesh):
-    """:func:`distill_step` jitted for ``settings`` over ``mesh``; the old state is donated."""
+    """:func:`distill_step` (:func:`midtraining_step` in mid-training) jitted for ``settings`` over ``mesh``; the
+    old state is donated."""
     replicated = parallel.replicated(mesh)
-    return jax.jit(functools.partial(distill_step, settings=settings), donate_argnums=(0,),
+    step = midtraining_step if settings.kind == MIDTRAINING else distill_step
+    return jax.jit(functools.partial(step, settings=settings), donate_argnums=(0,),
                    out_shardings=(replicated, replicated))

@@ -16,6 +16,7 @@ everything later commands add to it::
       train.lock            held while ddim train runs
       students/<N>/         ddim distill's students, each a work directory of its own
       distill.jsonl         ddim distill's teacher and stretches of training
+      trajectories.npz      ddim distill's banked teacher trajectories (consistency mid-training)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ TRAIN_FILE = "train.jsonl"
 LOCK_FILE = "train.lock"
 STUDENTS = "students"
 DISTILL_FILE = "distill.jsonl"
+TRAJECTORIES = "trajectories.npz"
 
 
 @dataclass(frozen=True)
@@ -109,3 +111,7 @@ class Workdir:
     @property
     def distill_file(self) -> Path:
         return self.root / DISTILL_FILE
+
+    @property
+    def trajectories(self) -> Path:
+        return self.root / TRAJECTORIES

@@ -1,0 +1,179 @@
+"""The trajectory bank of consistency mid-training: the guided teacher's ODE solved once, stored, and drawn from.
+
+Consistency mid-training (:mod:`ddim.distill.targets_consistency`) regresses the student on the points of the
+teacher's trajectories. They are solved once, when mid-training starts, in jitted batches of ``distill.batch_size``
+trajectories, and kept in ``<workdir>/trajectories.npz``, so that a resumed run reads them instead of solving them
+again. The file holds:
+
+- ``states``: float16 ``(K, N, H, W, C)``, trajectory ``k``'s point at ``t_n = n / N`` at ``[k, n - 1]``, in the
+  model's normalised units. float16 halves the file (200 MB for 2048 trajectories of 16 steps at 32x32), and its
+  rounding, a thousandth of these unit-variance numbers, is far below the noise in the student's inputs;
+- ``ends``: float32 ``(K, H, W, C)``, each trajectory's end, the teacher's DDIM sample of its noise;
+- ``labels`` (int32, the teacher's class ids, -1 the null class) and ``guidance`` (float32), ``(K,)`` each;
+- ``settings``: what made it (:class:`BankSettings` as JSON). A bank made with other settings is solved again.
+
+A bank is written under a temporary name and renamed into place, so a write that stops half way leaves nothing
+to read. Every draw, the bank's (its noise, images whose classes it takes, guidance scales) and each step's
+batch, is a function of ``distill.seed`` (and the step), so a bank solved again, and a resumed run, draw the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddim.config import Config
+from ddim.distill import targets
+from ddim.distill import targets_consistency as consistency
+from ddim.model import DiffusionModel, bind_denoiser
+from ddim.train.state import class_condition
+
+FORMAT = 1
+"""The layout of the file; a bank of another layout is solved again."""
+BANK_STREAM = 0x62616E6B
+"""Folded into ``distill.seed``'s key for the bank's draws, apart from the steps' own keys."""
+
+
+@dataclass(frozen=True)
+class BankSettings:
+    """Everything a bank's contents depend on: a stored bank is used only when all of it matches the run's."""
+
+    teacher: str
+    """The teacher as ``distill.jsonl`` names it, and its step."""
+    teacher_step: int | None
+    size: int
+    grid_steps: int
+    batch_size: int
+    """Trajectories solved together: each batch's noise is drawn with its own key."""
+    seed: int
+    guidance: tuple[float, ...]
+    """``(guidance_min, guidance_max, *focus)``: the range and focus the scales are drawn from."""
+    label_dropout: float
+    image_shape: tuple[int, ...]
+    format: int = FORMAT
+
+    @classmethod
+    def of(cls, config: Config, teacher: str, teacher_step: int | None, model: DiffusionModel) -> "BankSettings":
+        d = config.distill
+        focus = tuple(d.guidance_focus) if d.guidance_sampling == "focused" else ()
+        return cls(teacher, teacher_step, d.consistency_bank_size, d.start_steps, d.batch_size, d.seed,
+                   (d.guidance_min, d.guidance_max, *focus), d.label_dropout, tuple(model.image_shape))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+class Bank(NamedTuple):
+    """Banked trajectories (module docstring): ``states``, ``ends``, ``labels``, ``guidance``."""
+
+    states: np.ndarray
+    ends: np.ndarray
+    labels: np.ndarray
+    guidance: np.ndarray
+
+
+def draw_keys(seed: int):
+    """The keys of the bank's draws: ``(images, guidance, label dropout, noise)``."""
+    return jax.random.split(jax.random.fold_in(jax.random.key(seed), BANK_STREAM), 4)
+
+
+def noise_key(settings: BankSettings, batch_index: int):
+    """The key of batch ``batch_index``'s starting noise, ``normal(key, (batch_size, H, W, C))``."""
+    return jax.random.fold_in(draw_keys(settings.seed)[3], batch_index)
+
+
+@functools.cache
+def trajectory_solver(teacher: DiffusionModel, steps: int):
+    """``solve(variables, key, labels, guidance) -> (states (B, steps, H, W, C) float16, ends float32)``, jitted:
+    the teacher's guided DDIM paths from ``normal(key)`` (:func:`~ddim.distill.targets_consistency.teacher_trajectory`);
+    ``labels`` and ``guidance`` are ignored by an unconditional teacher."""
+    conditional = teacher.config.class_conditional
+
+    def solve(variables, key, labels, guidance):
+        noise = jax.random.normal(key, (labels.shape[0], *teacher.image_shape), jnp.float32)
+        cond = {"label": labels, "guidance": guidance} if conditional else None
+        denoise = bind_denoiser(teacher, variables)
+        states, ends = consistency.teacher_trajectory(lambda z, noise_rates, signal_rates: denoise(
+            z, noise_rates, signal_rates, cond), teacher.objective.schedule, noise, steps)
+        return jnp.moveaxis(states, 0, 1).astype(jnp.float16), ends
+
+    return jax.jit(solve)
+
+
+def solve(teacher: DiffusionModel, variables, settings: BankSettings, class_ids: Callable[[np.ndarray], np.ndarray],
+          num_images: int) -> Bank:
+    """Solve the bank: ``settings.size`` trajectories, each with the class of a training image drawn uniformly (so
+    the classes come as often as in the data, as in the batches of consistency distillation; ``class_ids(indices)``
+    gives those images' classes as the teacher's ids), a ``label_dropout`` share of them the null class, and a
+    guidance scale drawn as consistency distillation draws them (:func:`ddim.distill.targets.guidance_scales`)."""
+    size, batch = settings.size, settings.batch_size
+    image_key, guidance_key, dropout_key, _ = draw_keys(settings.seed)
+    labels = np.zeros(size, np.int32)
+    guidance = np.ones(size, np.float32)
+    if teacher.config.class_conditional:
+        images = np.asarray(jax.random.randint(image_key, (size,), 0, num_images))
+        dropped = class_condition({"label": jnp.asarray(class_ids(images), jnp.int32)}, dropout_key,
+                                  settings.label_dropout)
+        labels = np.asarray(dropped["label"])
+        low, high, *focus = settings.guidance
+        guidance = np.asarray(targets.guidance_scales(guidance_key, size, low, high, tuple(focus)))
+    solver = trajectory_solver(teacher, settings.grid_steps)
+    states = np.empty((size, settings.grid_steps, *settings.image_shape), np.float16)
+    ends = np.empty((size, *settings.image_shape), np.float32)
+    for index, start in enumerate(range(0, size, batch)):
+        rows = np.arange(start, start + batch) % size  # the last batch is padded with the first rows: one shape
+        batch_states, batch_ends = solver(variables, noise_key(settings, index), labels[rows], guidance[rows])
+        kept = min(batch, size - start)
+        states[start:start + kept] = np.asarray(batch_states)[:kept]
+        ends[start:start + kept] = np.asarray(batch_ends)[:kept]
+    return Bank(states, ends, labels, guidance)
+
+
+def save(path: Path, bank: Bank, settings: BankSettings) -> None:
+    """Write ``bank`` to ``path`` through a temporary file renamed into place (never a half-written bank)."""
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as file:
+        np.savez(file, **bank._asdict(), settings=np.array(settings.to_json()))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+
+
+def load(path: Path, settings: BankSettings) -> tuple[Bank | None, str]:
+    """The bank stored at ``path`` if it was made with ``settings``; else ``(None, why)``, ``why`` empty when there
+    is no file."""
+    if not path.is_file():
+        return None, ""
+    try:
+        with np.load(path) as stored:
+            if str(stored["settings"]) != settings.to_json():
+                return None, "was made with other settings"
+            bank = Bank(*(stored[name] for name in Bank._fields))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        return None, f"cannot be read ({error})"
+    return bank, ""
+
+
+def batches(bank: Bank, seed: int, batch_size: int, start_step: int) -> Iterator[dict[str, np.ndarray]]:
+    """Mid-training's batches from global step ``start_step + 1`` on: ``batch_size`` pairs of a trajectory and a
+    grid point ``n`` drawn uniformly with the generator of ``(seed, step)`` (so a resumed run draws the same), as
+    ``{"state", "index" (n), "end", "label", "guidance"}``."""
+    size, steps = bank.states.shape[:2]
+    for step in itertools.count(start_step + 1):
+        rng = np.random.default_rng((seed % 2**63, step))
+        trajectories = rng.integers(0, size, batch_size)
+        index = rng.integers(1, steps + 1, batch_size)
+        yield {"state": bank.states[trajectories, index - 1].astype(np.float32), "index": index.astype(np.int32),
+               "end": bank.ends[trajectories], "label": bank.labels[trajectories],
+               "guidance": bank.guidance[trajectories]}
