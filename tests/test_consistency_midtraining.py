@@ -201,3 +201,16 @@ def test_bad_midtraining_settings_are_one_error_line_before_anything_is_written(
     each_one_error_line(cases)
     assert not any((tmp_path / name).exists() for name in "abc")
 
+
+def test_the_ablation_measures_a_mid_training_step_and_a_banked_trajectory(conditional_workdir, tmp_path):
+    """The cmt variant's costs, measured on the tiny model as the ablation measures them on flowers32."""
+    from benchmarks.studies import consistency_ablation as ablation
+
+    config = tmp_path / "tiny.toml"
+    config.write_text("[distill]\nmethod = \"consistency\"\nstart_steps = 4\nstudent_steps = [1, 2, 4]\n"
+                      "batch_size = 4\n")
+    teacher = str(conditional_workdir)
+    midtraining = ablation.step_cost(teacher, str(config), ["distill.consistency_midtraining_steps=1"], repeats=1,
+                                     steps=1)
+    trajectory = ablation.bank_cost(teacher, str(config), repeats=1)
+    assert midtraining > 0 and trajectory > 0

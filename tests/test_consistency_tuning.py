@@ -195,15 +195,22 @@ def test_bad_tuning_settings_are_one_error_line_before_anything_is_written(condi
 
 
 def test_the_ablation_gives_each_variant_the_steps_its_cpu_seconds_buy(tmp_path):
-    """Variants of one kind of step train alike; ECT's own pairs (no teacher pass) train for more steps."""
+    """Variants of one kind of step train alike; ECT's own pairs (no teacher pass) train for more steps; mid-training
+    and its bank come out of the cmt variant's consistency steps."""
     import json
     from types import SimpleNamespace
 
     from benchmarks.studies import consistency_ablation as ablation
 
-    (tmp_path / ablation.COSTS).write_text(json.dumps({"teacher": 1.2, "data": 0.5}))
-    steps = ablation.steps_of(SimpleNamespace(steps=1000, teacher="pretrained:flowers32", config="consistency32"),
-                              tmp_path)
+    costs = {"teacher": 1.2, "data": 0.5, "midtraining": 0.6, "bank": 0.3}
+    (tmp_path / ablation.COSTS).write_text(json.dumps(costs))
+    args = SimpleNamespace(steps=1000, teacher="pretrained:flowers32", config="consistency32")
+    steps = ablation.steps_of(args, tmp_path)
     assert steps["tune"] == steps["cd2023"] == steps["tune-grid"] == 1000 and steps["tune-data"] == 2400
+    # 1,200 CPU seconds, less 1,024 trajectories of 0.3 s and 250 steps of 0.6 s: 742.8 s, 619 steps of 1.2 s.
+    assert (ablation.CMT_BANK_SIZE, ablation.CMT_MIDTRAINING_STEPS, steps["cmt"]) == (1024, 250, 620)
+    assert "distill.consistency_midtraining_steps=250" in ablation.VARIANTS["cmt"][1]
+    with pytest.raises(SystemExit, match="do not cover the cmt variant's banking and mid-training"):
+        ablation.cmt_steps(300, costs)
     assert ablation.teacher_options("pretrained:flowers32") == ["--pretrained", "flowers32"]
     assert ablation.teacher_options("runs/teacher") == ["--workdir", "runs/teacher"]

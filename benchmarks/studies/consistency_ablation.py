@@ -1,4 +1,4 @@
-"""Consistency tuning against the 2023 recipe, part by part, at equal CPU time: FID, KID and class accuracy.
+"""Consistency tuning part by part, and mid-training, against the 2023 recipe at equal CPU time: FID, KID, accuracy.
 
 Run:  python -m benchmarks.studies.consistency_ablation --out runs/consistency-ablation
           [--teacher pretrained:flowers32] [--config consistency32] [--steps 1000] [--stage-steps 250]
@@ -7,9 +7,16 @@ Run:  python -m benchmarks.studies.consistency_ablation --out runs/consistency-a
 Every variant distils the same teacher from the same ``[distill]`` config (``--config``) with a few settings
 changed (:data:`VARIANTS`): consistency tuning (:data:`TUNING`), Song et al. 2023's recipe (``cd2023``: the
 teacher's grid, the squared error, equal weights; ``ddim distill --method consistency``'s defaults), and the tuning
-recipe with one part switched back at a time. Each trains ``--steps`` optimiser steps with gaps shrinking every ``--stage-steps``,
-except where a step costs another CPU time: ECT's own pairs (``tune-data``: no teacher in the step) train for the
-steps the same CPU seconds buy, from the CPU seconds per step measured here first (``<out>/step-costs.json``).
+recipe with one part switched back at a time, and the 2023 recipe after consistency mid-training (``cmt``, Hu et
+al. 2025). Each trains ``--steps`` optimiser steps with gaps shrinking every ``--stage-steps``, except where a step
+costs another CPU time: ECT's own pairs (``tune-data``: no teacher in the step) train for the steps the same CPU
+seconds buy, from the CPU seconds per step measured here first (``<out>/step-costs.json``). ``cmt`` spends the same
+CPU seconds as ``--steps`` steps of the 2023 recipe in all: banking :data:`CMT_BANK_SIZE` trajectories of the
+teacher (the CPU seconds of one, measured by solving a batch as the run does), :data:`CMT_MIDTRAINING_STEPS` steps
+of mid-training (measured as the other steps), and the consistency steps that what is left buys
+(:func:`cmt_steps`; by a count of network passes about 700 of 1,000 are left, a trajectory's 16 guided passes
+costing a sixth of a consistency step and a mid-training step half of one). Its table row counts both phases'
+steps.
 
 Then each student is scored at every ``--passes`` count and ``--guidance`` scale with ``--num`` samples, ``ddim
 eval``'s protocol (benchmarks.common: all real images at the model's size, the standard FID Inception, KID over all
@@ -26,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import ddim  # sets the XLA flags before JAX starts
 from ddim.pretrained.registry import pretrained_name
@@ -40,12 +48,18 @@ COSTS = "step-costs.json"
 TUNING = ['distill.consistency_times="continuous"', 'distill.consistency_loss="pseudo-huber"',
           'distill.consistency_weighting="inverse-gap"']
 """Consistency tuning's settings; the ``consistency_*`` defaults are Song et al. 2023's recipe."""
+CD2023 = ['distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
+          'distill.consistency_weighting="uniform"']
+"""Song et al. 2023's recipe, spelled out."""
+CMT_BANK_SIZE = 1024
+"""The cmt variant's banked trajectories: 16 points each on consistency32's grid, about as many points as its
+mid-training draws."""
+CMT_MIDTRAINING_STEPS = 250
+"""The cmt variant's steps of mid-training, a quarter of the 2023 recipe's 1,000."""
 VARIANTS = {
     "tune": ("consistency tuning: continuous levels, shrinking gap, pseudo-Huber, 1 / (t - r), teacher's pairs",
              TUNING),
-    "cd2023": ("Song et al. 2023: the teacher's grid, squared error, equal weights",
-               ['distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
-                'distill.consistency_weighting="uniform"']),
+    "cd2023": ("Song et al. 2023: the teacher's grid, squared error, equal weights", CD2023),
     "tune-schedule": ("tuning with first levels uniform in the schedule's time instead of log-normal",
                       [*TUNING, 'distill.consistency_levels="schedule"']),
     "tune-data": ("tuning with ECT's own pairs: the same image and noise, no teacher",
@@ -53,58 +67,119 @@ VARIANTS = {
     "tune-squared": ("tuning with the squared error", [*TUNING, 'distill.consistency_loss="squared"']),
     "tune-uniform": ("tuning with equal weights", [*TUNING, 'distill.consistency_weighting="uniform"']),
     "tune-grid": ("tuning's loss and weights on the teacher's grid", [*TUNING, 'distill.consistency_times="grid"']),
+    "cmt": ("Song et al. 2023 after consistency mid-training on banked trajectories of the teacher",
+            [*CD2023, f"distill.consistency_midtraining_steps={CMT_MIDTRAINING_STEPS}",
+             f"distill.consistency_bank_size={CMT_BANK_SIZE}"]),
 }
 UNGUIDED = {"tune-data"}
 """Variants trained at guidance 1 alone: scored there."""
 
 
-def step_cost(teacher: str, config: str, settings: list[str], repeats: int = 3, steps: int = 3) -> float:
-    """The median CPU seconds of one consistency step with ``settings``, after one that compiles."""
+def median_cpu_seconds(call: Callable[[], Any], repeats: int, calls: int) -> float:
+    """The median over ``repeats`` of the CPU seconds of one of ``calls`` calls of ``call`` (which returns what to
+    wait for), after one that compiles."""
     import statistics
 
     import jax
 
+    jax.block_until_ready(call())
+    seconds = []
+    for _ in range(repeats):
+        started = time.process_time()
+        for _ in range(calls):
+            result = call()
+        jax.block_until_ready(result)
+        seconds.append((time.process_time() - started) / calls)
+    return statistics.median(seconds)
+
+
+def step_cost(teacher: str, config: str, settings: list[str], repeats: int = 3, steps: int = 3) -> float:
+    """The median CPU seconds of one step of the run's first phase with ``settings``: consistency distillation's,
+    or mid-training's where they turn it on (on a batch of random banked points)."""
+    import jax
+    import numpy as np
+
+    from ddim import parallel
     from ddim.distill import plan as plan_lib
     from ddim.distill.loop import run_config
-    from ddim.distill.step import StepSettings, create_student_state, distill_step
+    from ddim.distill.step import StepSettings, compiled_step, create_student_state
     from ddim.model import DiffusionModel
 
     loaded = ddim.load(teacher)
     model = loaded.config.model
     run = run_config(loaded.config, config, ["distill.method=consistency", *settings])
-    (phase,) = plan_lib.plan(model, run)
+    phase = plan_lib.plan(model, run)[0]
     student = DiffusionModel(plan_lib.student_model(model, run, phase))
     state = create_student_state(student, loaded.variables, run, phase, jax.random.key(0))
-    step_settings = StepSettings.of(student, loaded.model, run, phase)
-    step = jax.jit(lambda s, b, r: distill_step(s, loaded.variables, b, r, step_settings))
+    step = compiled_step(StepSettings.of(student, loaded.model, run, phase), parallel.data_mesh())
     batch = random_batch(loaded, run.distill.batch_size)
-    state, metrics = step(state, batch, jax.random.key(1))
-    jax.block_until_ready(metrics)
-    seconds = []
-    for _ in range(repeats):
-        started = time.process_time()
-        for _ in range(steps):
-            state, metrics = step(state, batch, jax.random.key(1))
-        jax.block_until_ready(metrics)
-        seconds.append((time.process_time() - started) / steps)
-    return statistics.median(seconds)
+    if phase.kind == plan_lib.MIDTRAINING:
+        rng, size = np.random.default_rng(0), run.distill.batch_size
+        batch = {"state": rng.standard_normal((size, *loaded.image_shape), np.float32),
+                 "index": rng.integers(1, phase.grid_steps + 1, size).astype(np.int32),
+                 "end": rng.standard_normal((size, *loaded.image_shape), np.float32), "label": batch["label"],
+                 "guidance": np.full(size, 1.5, np.float32)}
+    holder = [state]
+
+    def one_step():
+        holder[0], metrics = step(holder[0], loaded.variables, batch, jax.random.key(1))
+        return metrics
+
+    return median_cpu_seconds(one_step, repeats, steps)
+
+
+def bank_cost(teacher: str, config: str, repeats: int = 3) -> float:
+    """The median CPU seconds of banking one trajectory: the teacher's guided DDIM path on the ``start_steps`` grid,
+    solved ``batch_size`` at a time as a run solves them (:func:`ddim.distill.bank.trajectory_solver`)."""
+    import jax
+    import numpy as np
+
+    from ddim.distill import bank as bank_lib
+    from ddim.distill.loop import run_config
+
+    loaded = ddim.load(teacher)
+    d = run_config(loaded.config, config, ["distill.method=consistency"]).distill
+    solver = bank_lib.trajectory_solver(loaded.model, d.start_steps)
+    labels = random_batch(loaded, d.batch_size)["label"]
+    guidance = np.full(d.batch_size, 1.5, np.float32)
+    return median_cpu_seconds(lambda: solver(loaded.variables, jax.random.key(0), labels, guidance), repeats,
+                              1) / d.batch_size
+
+
+def cmt_steps(steps: int, costs: dict[str, float]) -> int:
+    """The cmt variant's consistency steps: what is left of ``steps`` steps of the 2023 recipe in CPU seconds after
+    banking :data:`CMT_BANK_SIZE` trajectories and :data:`CMT_MIDTRAINING_STEPS` steps of mid-training."""
+    budget = steps * costs["teacher"]
+    left = budget - CMT_BANK_SIZE * costs["bank"] - CMT_MIDTRAINING_STEPS * costs["midtraining"]
+    if left < costs["teacher"]:
+        raise SystemExit(f"error: {steps} steps' CPU seconds ({budget:.0f}) do not cover the cmt variant's banking "
+                         f"and mid-training; give more --steps")
+    return round(left / costs["teacher"] / 10) * 10
 
 
 def steps_of(args, out: Path) -> dict[str, int]:
-    """Each variant's optimiser steps: ``--steps``, or what the same CPU seconds buy where a step costs more or
-    less (measured once, kept in ``<out>/step-costs.json``)."""
+    """Each variant's optimiser steps (the consistency phase's): ``--steps``, or what the same CPU seconds buy where
+    a step costs more or less, or what is left of them after banking and mid-training (costs measured once, kept in
+    ``<out>/step-costs.json``: CPU seconds per step, and per banked trajectory)."""
     costs_file = out / COSTS
     costs = json.loads(costs_file.read_text()) if costs_file.is_file() else {}
-    kinds = {"teacher": [], "data": ['distill.consistency_pair="data"']}
-    for kind, settings in kinds.items():
+    kinds = {"teacher": ("a step with the teacher's pairs", []),
+             "data": ("a step with the data's pairs", ['distill.consistency_pair="data"']),
+             "midtraining": ("a step of mid-training", ["distill.consistency_midtraining_steps=1"])}
+    for kind, (words, settings) in kinds.items():
         if kind not in costs:
             costs[kind] = step_cost(args.teacher, args.config, settings)
-            log(f"a step with the {kind}'s pairs: {costs[kind]:.2f} CPU seconds")
+            log(f"{words}: {costs[kind]:.2f} CPU seconds")
             costs_file.write_text(json.dumps(costs, indent=2) + "\n")
+    if "bank" not in costs:
+        costs["bank"] = bank_cost(args.teacher, args.config)
+        log(f"a banked trajectory: {costs['bank']:.3f} CPU seconds")
+        costs_file.write_text(json.dumps(costs, indent=2) + "\n")
     steps = {}
     for name, (_, settings) in VARIANTS.items():
         kind = "data" if 'distill.consistency_pair="data"' in settings else "teacher"
         steps[name] = round(args.steps * costs["teacher"] / costs[kind] / 10) * 10
+    steps["cmt"] = cmt_steps(args.steps, costs)
     return steps
 
 
@@ -138,6 +213,8 @@ def score(args, name: str, student: Path, steps: int, out: Path, done: dict) -> 
             spec = SamplingSpec(steps=passes, sampler="consistency", guidance=scale)
             row = measure(name, student, spec, args.num, out, done, student=True)
             row.update(optimizer_steps=steps, train_seconds=sum(phase["seconds"] for phase in cost))
+            if name == "cmt":
+                row.update(midtraining_steps=CMT_MIDTRAINING_STEPS, banked_trajectories=CMT_BANK_SIZE)
             rows.append(row)
     return rows
 
@@ -147,7 +224,10 @@ def table(rows: list[dict]) -> str:
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         accuracy = f"{100 * row['class_accuracy']:.1f} %" if row.get("class_accuracy") is not None else ""
-        lines.append(f"| {row['model']} | {row['optimizer_steps']:,} | {row['passes']} | {row['guidance']:g} | "
+        steps = f"{row['optimizer_steps']:,}"
+        if row.get("midtraining_steps"):
+            steps = f"{row['midtraining_steps']:,} + {steps}"
+        lines.append(f"| {row['model']} | {steps} | {row['passes']} | {row['guidance']:g} | "
                      f"{row['num']:,} | {row['fid']:.1f} | {row['kid']:.4f} | {accuracy} |")
     return "\n".join(lines)
 
