@@ -52,8 +52,8 @@ CD2023 = ['distill.consistency_times="grid"', 'distill.consistency_loss="squared
           'distill.consistency_weighting="uniform"']
 """Song et al. 2023's recipe, spelled out."""
 CMT_BANK_SIZE = 1024
-"""The cmt variant's banked trajectories: 16 points each on consistency32's grid, about as many points as its
-mid-training draws."""
+"""The cmt variant's banked trajectories: 16 points each on consistency32's grid, twice the points its
+mid-training draws (250 steps of 32), so most trajectories are drawn from several times and few points twice."""
 CMT_MIDTRAINING_STEPS = 250
 """The cmt variant's steps of mid-training, a quarter of the 2023 recipe's 1,000."""
 VARIANTS = {
