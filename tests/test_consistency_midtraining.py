@@ -160,7 +160,6 @@ def test_consistency_distillation_starts_from_the_mid_trained_student_and_writes
         assert stored["states"].shape == (6, 4, 16, 16, 3) and stored["ends"].shape == (6, 16, 16, 3)
 
 
-@pytest.mark.slow  # two more tiny runs, each compiling banking or mid-training and consistency steps
 def test_a_run_stopped_in_and_at_the_end_of_midtraining_resumes_to_the_same_student(midtrained, conditional_workdir,
                                                                                     tmp_path, monkeypatch):
     from ddim.checkpoint import load_ema
