@@ -81,7 +81,8 @@ def test_the_smoke_rebuild_runs_the_whole_chain_then_skips_every_stage(tmp_path,
 def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, mock_commands, monkeypatch):
     """flowers32-noise's chain as flowers64's without the student; flowers32's fine-tunes the bundled flowers32-noise;
     flowers32-4step's distils it; flowers32-consistency's distils flowers32 into one student for 1, 2 and 4 steps;
-    flowers64-velocity's fine-tunes the bundled flowers64 into a bundle of the same name."""
+    flowers64-velocity's fine-tunes the bundled flowers64 into a bundle of the same name; flowers64-consistency's
+    distils the bundled flowers64 as flowers32-consistency's does flowers32, and times the student."""
     monkeypatch.delenv("DDIM_PRETRAINED_DIR", raising=False)
     assert rebuild.main([name, "--out", str(tmp_path), "--smoke"]) == 0
     from ddim.pretrained import find
@@ -89,13 +90,13 @@ def test_the_smoke_of_every_other_recipe_runs_its_chain(name, tmp_path, mock_com
     [bundle] = [stage.record["model"] for stage in load_recipe(name).stages if stage.kind == "record"]
     manifest = find(bundle, tmp_path / "bundles")
     assert manifest.record["defaults"] and manifest.record["scores"] and manifest.weights_dtype == "float16"
-    if name == "flowers32-consistency":  # defaults chosen among the 2-step settings, and the words name only those
+    if name.endswith("-consistency"):  # defaults chosen among the 2-step settings, and the words name only those
         assert manifest.record["defaults"]["steps"] == 2 and manifest.config.model.prediction == "velocity"
         assert "the lowest FID of 4 settings" in manifest.record["guidance"]
         assert {score["steps"] for score in manifest.record["scores"]} == {1, 2, 4}
-    if name == "flowers32":  # its recipe times `ddim sample` with the bundle it made, into the record
+    if name in ("flowers32", "flowers64-consistency"):  # these time `ddim sample` with the bundle made, into the record
         timing = manifest.record["sample_time"]
-        assert timing["command"] == "ddim sample --pretrained flowers32 --num 16 --out DIR"
+        assert timing["command"] == f"ddim sample --pretrained {bundle} --num 16 --out DIR"
         assert len(timing["wall_seconds"]) == 2 and timing["source"] == "docs/results/cli-timing.jsonl"
 
 
