@@ -202,6 +202,30 @@ def test_the_steps_slider_counts_a_guided_step_as_two_network_passes():
     assert not any("per image" in slider.label for slider in sliders.values() if slider.label)
 
 
+def test_a_consistency_students_page_offers_its_step_counts_and_samples_with_the_one_picked():
+    from tests.ui_harness import require_ui
+
+    require_ui()
+    import gradio as gr
+
+    from ddim.spec import SamplingRules
+    from ddim.ui.page import build_page
+
+    pipeline, bench = stub_bench()
+    pipeline.rules = SamplingRules(SamplingSpec(steps=2, sampler="consistency", guidance=2.0), distilled_steps=4,
+                                   guidance_range=(0.0, 4.0), step_counts=(1, 2, 4), sampler="consistency")
+    page = build_page(bench)
+    steps = components(page, gr.Dropdown)["sample-steps"]
+    assert [value for _, value in steps.choices] == [1, 2, 4] and steps.value == 2
+    assert "sample-steps" not in components(page, gr.Slider)
+    bench.sample(2, 4, 0, 0.0, "consistency", "uniform", guidance="1.5")
+    assert pipeline.calls[-1][1] == SamplingSpec(steps=4, sampler="consistency", guidance=1.5)
+    # A student of one count keeps the fixed slider.
+    pipeline.rules = SamplingRules(SamplingSpec(steps=4), distilled_steps=4, step_counts=(4,))
+    slider = components(build_page(bench), gr.Slider)["sample-steps"]
+    assert slider.value == 4 and not slider.interactive
+
+
 def test_an_unconditional_page_has_no_picker_and_an_unchanged_api():
     from tests.ui_harness import require_ui
 

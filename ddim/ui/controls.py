@@ -28,11 +28,18 @@ ANY_CLASS_LABEL = "any: drawn from the seed, as often as in the training data"
 STEPS_LABEL = "steps (one network pass each)"
 GUIDED_STEPS_LABEL = "steps (network passes: steps, x2 with guidance other than 1)"
 FIXED_STEPS_LABEL = "steps (the distilled model's own count, its only one)"
+STUDENT_STEPS_LABEL = "steps (the distilled model's own counts, one network pass each)"
 
 
-def steps_slider(tab: str, limit: int, value: int = DEFAULTS.steps, fixed: bool = False, guided: bool = False):
+def steps_slider(tab: str, limit: int, value: int = DEFAULTS.steps, fixed: bool = False, guided: bool = False,
+                 counts: tuple[int, ...] = ()):
     """The steps slider; ``guided``: the tab has a guidance control, and a scale other than 1 costs each step a
-    second network pass (the unconditional prediction; a distilled student is ``fixed``, one pass a step)."""
+    second network pass (the unconditional prediction; a distilled student is ``fixed``, one pass a step).
+
+    A student of several step ``counts`` (a consistency student: 1, 2 or 4) gets a menu of those instead, since
+    a slider would offer counts it refuses."""
+    if fixed and len(counts) > 1:
+        return gr.Dropdown(list(counts), value=value, label=STUDENT_STEPS_LABEL, elem_id=f"{tab}-steps")
     label = FIXED_STEPS_LABEL if fixed else GUIDED_STEPS_LABEL if guided else STEPS_LABEL
     return gr.Slider(1, max(limit, value) if fixed else limit, value=value if fixed else min(value, limit), step=1,
                      label=label, interactive=not fixed, elem_id=f"{tab}-steps")
@@ -45,9 +52,9 @@ def sampler_controls(tab: str, limit: int, stochastic: bool = True, workbench: W
 
     They start at the model's defaults (``workbench.pipeline.defaults``: a bundled model's best setting; for the
     deterministic verbs, DDIM's uniform grid), as the command line without options; a distilled student's are
-    fixed at its own step count and sampler.
+    fixed at its own sampler, and its steps at its own count (a menu of its counts when it has several).
     """
-    defaults, fixed, guided = DEFAULTS, False, False
+    defaults, fixed, guided, counts = DEFAULTS, False, False, ()
     if workbench is not None:
         from ddim.sampling.pipeline import inversion_spec
 
@@ -55,7 +62,8 @@ def sampler_controls(tab: str, limit: int, stochastic: bool = True, workbench: W
         defaults = rules.defaults if stochastic else inversion_spec(None, rules=rules)
         fixed = rules.distilled
         guided = guidance and bool(workbench.pipeline.classes)
-    steps = steps_slider(tab, limit, defaults.steps, fixed, guided)
+        counts = rules.step_counts
+    steps = steps_slider(tab, limit, defaults.steps, fixed, guided, counts)
     with gr.Row():
         # The consistency sampler is a consistency student's only one, and no diffusion model's.
         choices = [name for name, kind in SAMPLERS.items() if kind.consistency == SAMPLERS[defaults.sampler].consistency]
