@@ -33,7 +33,7 @@ def _short_setting(setting: SamplingSpec) -> str:
 
 def describe_setting(setting: SamplingSpec) -> str:
     """``20 steps of dpmpp-2m (logsnr grid), guidance 1.5``."""
-    text = f"{setting.steps} steps of {setting.sampler} ({setting.spacing} grid)"
+    text = f"{setting.steps} step{'' if setting.steps == 1 else 's'} of {setting.sampler} ({setting.spacing} grid)"
     if setting.eta:
         text += f", eta {setting.eta:g}"
     return text + f", guidance {guidance_scale(setting.guidance):g}"
@@ -120,7 +120,7 @@ def facts(manifest) -> list[tuple[str, str | list[str]]]:
         ("images", f"{model.image_size}x{model.image_size}, {_kind(model)}"),
         ("network", network_summary(manifest.config, manifest.parameters, manifest.bytes)),
         ("trained", _trained(record))]
-    if manifest.config.init.source:
+    if manifest.config.init.source and not model.distilled_steps:  # a student's [init] is its teacher's history
         rows.append(("fine-tuned", describe_init(manifest.config)))
     if model.distilled_steps:
         rows.append(("distilled", _distilled(model, record)))
@@ -157,7 +157,8 @@ def _distilled(model, record: BundleRecord) -> str:
     counts = model.distilled_step_counts
     if model.distilled_sampler == "consistency":
         listed = " or ".join(filter(None, [", ".join(str(count) for count in counts[:-1]), str(counts[-1])]))
-        how = (f"samples with {listed} steps of consistency sampling (by default {model.distilled_steps}), one "
+        default = record.default_setting.steps if record.defaults else model.distilled_steps
+        how = (f"samples with {listed} steps of consistency sampling (by default {default}), one "
                "network pass each, guidance included")
     else:
         how = (f"samples with {model.distilled_steps} deterministic DDIM steps of one network pass each, "
@@ -268,7 +269,7 @@ def _table_row(manifest, record: BundleRecord, num: int | str, default: bool) ->
 
 def _timing_cpus(manifests, records: list[BundleRecord]) -> str:
     """Where the table's seconds were measured: ``a 2-core AMD EPYC``, or with rows on several CPUs each CPU and
-    its rows (``a 2-core AMD EPYC (flowers64, flowers32-4step) and ...``)."""
+    its rows (``a 2-core AMD EPYC (flowers64, flowers32-consistency) and ...``)."""
     rows: dict[str, list[str]] = {}
     for manifest, record in zip(manifests, records):
         if record.sample_time:
