@@ -220,7 +220,7 @@ def test_adapt_sets_the_normaliser_to_the_new_data_and_keep_leaves_the_source(tr
 
 def test_a_distilled_student_is_not_a_source():
     with pytest.raises(Exception, match="distilled student"):
-        init_lib.load_source("pretrained:flowers32-4step")
+        init_lib.load_source("pretrained:flowers32-consistency")
 
 
 def test_learning_from_the_source_needs_a_source_and_a_known_choice():

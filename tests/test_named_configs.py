@@ -101,5 +101,5 @@ def test_init_without_a_config_takes_the_fine_tune_settings_and_the_sources_loss
 
 
 def test_a_distilled_student_is_refused_naming_its_teacher():
-    with pytest.raises(Exception, match=r"flowers32-4step is a distilled student .*\(pretrained:flowers32-noise\)"):
-        load_run_config(None, [], init="pretrained:flowers32-4step")
+    with pytest.raises(Exception, match=r"flowers32-consistency is a distilled student .*\(pretrained:flowers32\)"):
+        load_run_config(None, [], init="pretrained:flowers32-consistency")

@@ -80,7 +80,7 @@ def test_every_bundled_fine_tune_names_a_bundled_source_by_its_weights():
         assert manifest.config.init.source_step == source.record["steps"], manifest.name
     flowers32 = models["flowers32"].config
     assert flowers32.model.prediction == "velocity" and flowers32.init.targets == "source"
-    assert models["flowers32-4step"].config.model.distilled_from == "pretrained:flowers32-noise"
+    assert models["flowers32-consistency"].config.model.distilled_from == "pretrained:flowers32"
 
 
 def test_the_table_gives_each_figure_column_one_sample_count_and_names_the_timing_cpus():

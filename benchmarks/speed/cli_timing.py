@@ -1,6 +1,6 @@
 """Wall time of whole ``ddim sample`` commands (Python start, model load, compilation or its cache, sampling, PNGs).
 
-Run:  python -m benchmarks.speed.cli_timing --models flowers32-4step flowers32 flowers64 \
+Run:  python -m benchmarks.speed.cli_timing --models flowers32-consistency flowers32 flowers64 \
           --out docs/results/cli-timing.jsonl
 
 Each model's command runs ``--repeats`` times in a row with a compilation cache of its own that starts empty,
