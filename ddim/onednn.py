@@ -170,7 +170,8 @@ def disabled():
     """Trace the network with XLA's convolutions inside this block.
 
     For XLA's cost analysis, which counts no FLOPs in a custom call: the benchmarks count a step's FLOPs on
-    the same step traced this way.
+    the same step traced this way; and for forward-mode differentiation (``jax.jvp``), which the custom call's
+    ``custom_vjp`` does not allow (:func:`ddim.ops.forward_mode`).
     """
     global _disabled
     _disabled += 1

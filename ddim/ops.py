@@ -11,6 +11,7 @@ formulation: see :mod:`ddim.runtime`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -60,7 +61,24 @@ def average_pool_2x(x):
     return x.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
 
 
-@jax.custom_vjp
+_forward_mode = 0
+
+
+@contextlib.contextmanager
+def forward_mode():
+    """Trace the network inside this block with operations that forward-mode differentiation (``jax.jvp``) can
+    pass: the ``custom_vjp`` ones (oneDNN's convolutions, :func:`upsample_bilinear_2x`'s adjoint) allow reverse
+    mode only. The values are the same; continuous-time consistency distillation differentiates the network so
+    (ddim/distill/step.py)."""
+    global _forward_mode
+    _forward_mode += 1
+    try:
+        with onednn.disabled():
+            yield
+    finally:
+        _forward_mode -= 1
+
+
 def upsample_bilinear_2x(x):
     """2x bilinear upsampling with half-pixel centres (``jax.image.resize(..., 'bilinear')``).
 
@@ -69,20 +87,31 @@ def upsample_bilinear_2x(x):
     cheaper than the general resampling gather. The gradient is the explicit
     adjoint (:func:`_upsample_axis_2x_transpose`): one pass per axis instead of the
     chain of pads, slices and adds that autodiff makes of the slices (~2.5x faster).
-    Being a ``custom_vjp``, it supports reverse-mode differentiation only.
+    That gradient is a ``custom_vjp``, reverse mode only; inside :func:`forward_mode` autodiff's own is used.
     """
+    if _forward_mode:
+        return _upsample_2x(x)
+    return _upsample_bilinear_2x_adjoint(x)
+
+
+def _upsample_2x(x):
     return _upsample_axis_2x(_upsample_axis_2x(x, 1), 2)
 
 
+@jax.custom_vjp
+def _upsample_bilinear_2x_adjoint(x):
+    return _upsample_2x(x)
+
+
 def _upsample_fwd(x):
-    return upsample_bilinear_2x(x), None
+    return _upsample_2x(x), None
 
 
 def _upsample_bwd(_, g):
     return (_upsample_axis_2x_transpose(_upsample_axis_2x_transpose(g, 2), 1),)
 
 
-upsample_bilinear_2x.defvjp(_upsample_fwd, _upsample_bwd)
+_upsample_bilinear_2x_adjoint.defvjp(_upsample_fwd, _upsample_bwd)
 
 
 def _upsample_axis_2x(x, axis: int):

@@ -49,6 +49,20 @@ def test_bilinear_upsampling_matches_jax_image_resize():
     np.testing.assert_allclose(got, want, atol=1e-5)  # the gradient: the transposed resampling
 
 
+def test_in_forward_mode_the_convolution_and_the_upsampling_take_a_jvp_equal_to_the_references():
+    x, kernel = normal(8, (2, 8, 8, 4)), normal(9, (3, 3, 4, 5), 0.2)
+    dx, dkernel = normal(10, (2, 8, 8, 4)), normal(11, (3, 3, 4, 5), 0.2)
+    with ops.forward_mode():
+        conv = jax.jvp(ops.conv2d, (x, kernel), (dx, dkernel))
+        up = jax.jvp(ops.upsample_bilinear_2x, (x,), (dx,))
+    for got, want in zip(conv, jax.jvp(reference_ops.conv2d, (x, kernel), (dx, dkernel))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for got, want in zip(up, jax.jvp(reference_ops.upsample_bilinear_2x, (x,), (dx,))):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    with pytest.raises(TypeError, match="forward-mode"):  # outside it, the custom gradient is reverse mode only
+        jax.jvp(ops.upsample_bilinear_2x, (x,), (dx,))
+
+
 @pytest.mark.parametrize("shape", [(4, 6, 5, 3), (2, 4, 4, 16)])
 def test_batch_normalize_values_and_gradients_match_autodiff(shape):
     # Nonzero cotangents for the statistics too, so every term of the hand-written gradient is checked.
