@@ -139,7 +139,7 @@ def test_each_part_of_the_recipe_changes_the_loss_and_the_2023_recipe_is_still_r
 
 
 @pytest.mark.parametrize("override, message", [
-    ('distill.consistency_times="fixed"', "distill.consistency_times must be one of 'continuous', 'grid'"),
+    ('distill.consistency_times="fixed"', "distill.consistency_times must be one of 'continuous', 'grid', 'tangent'"),
     ('distill.consistency_pair="both"', "distill.consistency_pair must be one of 'teacher', 'data'"),
     ('distill.consistency_levels="uniform"', "distill.consistency_levels must be one of 'log-normal', 'schedule'"),
     ("distill.consistency_gap_base=1.0", "distill.consistency_gap_base must be > 1"),
@@ -195,18 +195,20 @@ def test_bad_tuning_settings_are_one_error_line_before_anything_is_written(condi
 
 
 def test_the_ablation_gives_each_variant_the_steps_its_cpu_seconds_buy(tmp_path):
-    """Variants of one kind of step train alike; ECT's own pairs (no teacher pass) train for more steps; mid-training
+    """Variants of one kind of step train alike; ECT's own pairs (no teacher pass) train for more steps and sCD's
+    (a Jacobian-vector product more) for fewer; mid-training
     and its bank come out of the cmt variant's consistency steps."""
     import json
     from types import SimpleNamespace
 
     from benchmarks.studies import consistency_ablation as ablation
 
-    costs = {"teacher": 1.2, "data": 0.5, "midtraining": 0.6, "bank": 0.3}
+    costs = {"teacher": 1.2, "data": 0.5, "tangent": 1.6, "midtraining": 0.6, "bank": 0.3}
     (tmp_path / ablation.COSTS).write_text(json.dumps(costs))
     args = SimpleNamespace(steps=1000, teacher="pretrained:flowers32", config="consistency32")
     steps = ablation.steps_of(args, tmp_path)
     assert steps["tune"] == steps["cd2023"] == steps["tune-grid"] == 1000 and steps["tune-data"] == 2400
+    assert steps["scd"] == 750  # the tangent's product through the student costs a third more a step
     # 1,200 CPU seconds, less 1,024 trajectories of 0.3 s and 250 steps of 0.6 s: 742.8 s, 619 steps of 1.2 s.
     assert (ablation.CMT_BANK_SIZE, ablation.CMT_MIDTRAINING_STEPS, steps["cmt"]) == (1024, 250, 620)
     assert "distill.consistency_midtraining_steps=250" in ablation.VARIANTS["cmt"][1]

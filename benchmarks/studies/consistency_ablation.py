@@ -7,10 +7,11 @@ Run:  python -m benchmarks.studies.consistency_ablation --out runs/consistency-a
 Every variant distils the same teacher from the same ``[distill]`` config (``--config``) with a few settings
 changed (:data:`VARIANTS`): consistency tuning (:data:`TUNING`), Song et al. 2023's recipe (``cd2023``: the
 teacher's grid, the squared error, equal weights; ``ddim distill --method consistency``'s defaults), and the tuning
-recipe with one part switched back at a time, and the 2023 recipe after consistency mid-training (``cmt``, Hu et
-al. 2025). Each trains ``--steps`` optimiser steps with gaps shrinking every ``--stage-steps``, except where a step
-costs another CPU time: ECT's own pairs (``tune-data``: no teacher in the step) train for the steps the same CPU
-seconds buy, from the CPU seconds per step measured here first (``<out>/step-costs.json``). ``cmt`` spends the same
+recipe with one part switched back at a time, continuous-time consistency distillation (``scd``, Lu & Song 2024),
+and the 2023 recipe after consistency mid-training (``cmt``, Hu et al. 2025). Each trains ``--steps`` optimiser
+steps with gaps shrinking every ``--stage-steps``, except where a step costs another CPU time: ECT's own pairs
+(``tune-data``: no teacher in the step) and ``scd`` (a Jacobian-vector product through the student) train for the
+steps the same CPU seconds buy, from the CPU seconds per step measured here first (``<out>/step-costs.json``). ``cmt`` spends the same
 CPU seconds as ``--steps`` steps of the 2023 recipe in all: banking :data:`CMT_BANK_SIZE` trajectories of the
 teacher (the CPU seconds of one, measured by solving a batch as the run does), :data:`CMT_MIDTRAINING_STEPS` steps
 of mid-training (measured as the other steps), and the consistency steps that what is left buys
@@ -51,6 +52,10 @@ TUNING = ['distill.consistency_times="continuous"', 'distill.consistency_loss="p
 CD2023 = ['distill.consistency_times="grid"', 'distill.consistency_loss="squared"',
           'distill.consistency_weighting="uniform"']
 """Song et al. 2023's recipe, spelled out."""
+SCD = ['distill.consistency_times="tangent"', "distill.consistency_time_mean=-0.31",
+       "distill.consistency_time_std=1.4"]
+"""Continuous-time consistency distillation (Lu & Song 2024, sCD): the tangent along the guided teacher's path, its
+angles' ``tan`` log-normal with sCM's P_mean -1.0 and P_std 1.4, rescaled to unit-variance data (-1.0 + ln 2)."""
 CMT_BANK_SIZE = 1024
 """The cmt variant's banked trajectories: 16 points each on consistency32's grid, twice the points its
 mid-training draws (250 steps of 32), so most trajectories are drawn from several times and few points twice."""
@@ -67,6 +72,7 @@ VARIANTS = {
     "tune-squared": ("tuning with the squared error", [*TUNING, 'distill.consistency_loss="squared"']),
     "tune-uniform": ("tuning with equal weights", [*TUNING, 'distill.consistency_weighting="uniform"']),
     "tune-grid": ("tuning's loss and weights on the teacher's grid", [*TUNING, 'distill.consistency_times="grid"']),
+    "scd": ("continuous-time consistency distillation: the tangent along the guided teacher's path", SCD),
     "cmt": ("Song et al. 2023 after consistency mid-training on banked trajectories of the teacher",
             [*CD2023, f"distill.consistency_midtraining_steps={CMT_MIDTRAINING_STEPS}",
              f"distill.consistency_bank_size={CMT_BANK_SIZE}"]),
@@ -165,6 +171,7 @@ def steps_of(args, out: Path) -> dict[str, int]:
     costs = json.loads(costs_file.read_text()) if costs_file.is_file() else {}
     kinds = {"teacher": ("a step with the teacher's pairs", []),
              "data": ("a step with the data's pairs", ['distill.consistency_pair="data"']),
+             "tangent": ("a step with the tangent", ['distill.consistency_times="tangent"']),
              "midtraining": ("a step of mid-training", ["distill.consistency_midtraining_steps=1"])}
     for kind, (words, settings) in kinds.items():
         if kind not in costs:
@@ -177,7 +184,8 @@ def steps_of(args, out: Path) -> dict[str, int]:
         costs_file.write_text(json.dumps(costs, indent=2) + "\n")
     steps = {}
     for name, (_, settings) in VARIANTS.items():
-        kind = "data" if 'distill.consistency_pair="data"' in settings else "teacher"
+        kind = ("data" if 'distill.consistency_pair="data"' in settings else
+                "tangent" if 'distill.consistency_times="tangent"' in settings else "teacher")
         steps[name] = round(args.steps * costs["teacher"] / costs[kind] / 10) * 10
     steps["cmt"] = cmt_steps(args.steps, costs)
     return steps

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ddim.config.parsing import ConfigError, at_least, choice
 
 METHODS = ("progressive", "consistency")
-CONSISTENCY_TIMES = ("continuous", "grid")
+CONSISTENCY_TIMES = ("continuous", "grid", "tangent")
 CONSISTENCY_LEVELS = ("log-normal", "schedule")
 CONSISTENCY_PAIRS = ("teacher", "data")
 CONSISTENCY_LOSSES = ("pseudo-huber", "squared")
@@ -81,7 +81,10 @@ class DistillConfig:
     consistency_times: str = "grid"
     """Consistency: where the pairs of points lie. "grid": neighbours on the teacher's ``start_steps``-step uniform
     grid (Song et al. 2023, Algorithm 2); "continuous": a noise level drawn from a log-normal and a second one a gap
-    below it that shrinks stage by stage (consistency tuning, Geng et al. 2024, ECT). The defaults of the
+    below it that shrinks stage by stage (consistency tuning, Geng et al. 2024, ECT); "tangent": the gap taken to
+    zero, the student's tangent along the ODE at a level drawn as "continuous" draws it (continuous-time consistency
+    distillation, Lu & Song 2024, sCD; with consistency_pair "data", their sCT), its own loss in place of
+    consistency_loss and consistency_weighting. The defaults of the
     ``consistency_*`` settings are Song et al.'s recipe, which scored best at every pass count against consistency
     tuning and each of its parts at equal CPU time (docs/research/consistency-tuning.md)."""
     consistency_pair: str = "teacher"
@@ -115,6 +118,13 @@ class DistillConfig:
     consistency_huber_c: float = 0.00108
     """Consistency with the pseudo-Huber loss: c over sqrt(d), d the image's numbers (H x W x C): iCT's 0.00054 for
     data in [-1, 1], doubled for this project's unit-variance data (c = 0.06 at 32x32)."""
+    consistency_tangent_warmup: int = 200
+    """Consistency with tangent times: optimiser steps over which the tangent's second term (the student's own
+    derivative along the path) ramps from 0 to its full weight (sCM's tangent warm-up: 10,000 of their
+    iterations; scaled to a CPU run's length)."""
+    consistency_tangent_c: float = 0.1
+    """Consistency with tangent times: the tangent is divided by its norm plus this (sCM's tangent normalisation,
+    c = 0.1), which bounds its size when the derivative through the network is large."""
     consistency_midtraining_steps: int = 0
     """Consistency: optimiser steps of consistency mid-training (Hu et al. 2025, CMT) before consistency
     distillation; 0: none. The student, started from the teacher's weights, learns to map every point of banked
@@ -183,6 +193,12 @@ def _validate_consistency(d: DistillConfig) -> None:
     if not d.consistency_gap_base > 1.0:
         raise ConfigError(f"distill.consistency_gap_base must be > 1 (the gap shrinks by it every stage), got "
                           f"{d.consistency_gap_base}")
+    at_least(0, {"distill.consistency_tangent_warmup": d.consistency_tangent_warmup})
+    if not d.consistency_tangent_c > 0.0:
+        raise ConfigError(f"distill.consistency_tangent_c must be > 0, got {d.consistency_tangent_c}")
+    if d.consistency_times == "tangent" and (d.consistency_loss, d.consistency_weighting) != ("squared", "uniform"):
+        raise ConfigError('distill.consistency_times "tangent" has its own loss (the tangent\'s, Lu & Song 2024): '
+                          'leave distill.consistency_loss "squared" and distill.consistency_weighting "uniform"')
     if not d.consistency_time_std > 0.0:
         raise ConfigError(f"distill.consistency_time_std must be > 0, got {d.consistency_time_std}")
     if d.consistency_huber_c < 0.0:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from ddim import compilation, diffusion, parallel
+from ddim import compilation, diffusion, ops, parallel
 from ddim.config import Config, ConfigError, DistillConfig
 from ddim.distill import targets
 from ddim.distill import targets_consistency as consistency
@@ -72,6 +72,10 @@ class ConsistencySettings:
 
     continuous: bool
     """Continuous levels with a shrinking gap (ECT); else neighbours on the teacher's grid (Song et al. 2023)."""
+    tangent: bool
+    """The gap taken to zero: the tangent along the path (Lu & Song 2024, sCD); levels drawn as ``continuous``."""
+    tangent_warmup: int
+    tangent_c: float
     teacher_pair: bool
     """The second point from the guided teacher's ODE step; else the same image and noise (ECT's tuning)."""
     huber_c: float | None
@@ -91,7 +95,8 @@ class ConsistencySettings:
         for size in image_shape:
             numbers *= size
         huber = d.consistency_huber_c * numbers ** 0.5 if d.consistency_loss == "pseudo-huber" else None
-        return cls(d.consistency_times == "continuous", d.consistency_pair == "teacher", huber,
+        return cls(d.consistency_times == "continuous", d.consistency_times == "tangent",
+                   d.consistency_tangent_warmup, d.consistency_tangent_c, d.consistency_pair == "teacher", huber,
                    d.consistency_weighting == "inverse-gap", d.consistency_gap_base, d.consistency_stage_steps,
                    d.consistency_first_stage, d.consistency_levels == "schedule", d.consistency_time_mean,
                    d.consistency_time_std)
@@ -218,13 +223,10 @@ def consistency_loss_fn(settings: StepSettings, state: TrainState, teach, studen
     c = settings.consistency
     schedule = settings.student.objective.schedule
     batch_size = images.shape[0]
+    if c.tangent:
+        return tangent_loss_fn(settings, state, teach, student, images, noises, rng)
     if c.continuous:
-        cleanest, noisiest = (consistency.level_of_rates(*schedule(jnp.float32(t))) for t in (0.0, 1.0))
-        if c.schedule_levels:
-            times = jax.random.uniform(rng, (batch_size, 1, 1, 1), jnp.float32)
-            level_t = consistency.level_of_rates(*schedule(times))
-        else:
-            level_t = consistency.sample_levels(rng, batch_size, c.time_mean, c.time_std, cleanest, noisiest)
+        level_t, cleanest = first_levels(c, schedule, rng, batch_size)
         stage = c.first_stage + (state.step - settings.phase_start) // c.stage_steps
         level_r = consistency.shrinking_gap_level(level_t, stage, c.gap_base, cleanest)
         rates_t, rates_r = consistency.rates_of_level(level_t), consistency.rates_of_level(level_r)
@@ -244,6 +246,44 @@ def consistency_loss_fn(settings: StepSettings, state: TrainState, teach, studen
         predicted = consistency.consistency_function(student(params), noisy, *rates_t)
         return consistency.tuning_loss(predicted, target, level_t, level_r, huber_c=c.huber_c,
                                        inverse_gap=c.inverse_gap)
+
+    return loss_fn
+
+
+def first_levels(c: ConsistencySettings, schedule, rng, batch_size: int):
+    """``(levels, cleanest)``: a batch's first noise levels ``(B, 1, 1, 1)``, log-normal or uniform in the schedule's
+    time (``c.schedule_levels``), within the schedule's range; and that range's cleanest level."""
+    cleanest, noisiest = (consistency.level_of_rates(*schedule(jnp.float32(t))) for t in (0.0, 1.0))
+    if c.schedule_levels:
+        times = jax.random.uniform(rng, (batch_size, 1, 1, 1), jnp.float32)
+        return consistency.level_of_rates(*schedule(times)), cleanest
+    return consistency.sample_levels(rng, batch_size, c.time_mean, c.time_std, cleanest, noisiest), cleanest
+
+
+def tangent_loss_fn(settings: StepSettings, state: TrainState, teach, student, images, noises, rng):
+    """The loss of a continuous-time consistency step (Lu & Song 2024; :func:`~ddim.distill.targets_consistency.
+    tangent_target`): the student's velocity at ``z_a`` against its own velocity plus the normalised tangent along
+    the path, ``dz/da`` the guided teacher's velocity (or the data's), ``dF/da`` one Jacobian-vector product of the
+    student without gradient; the tangent's second term ramps in over ``tangent_warmup`` steps."""
+    c = settings.consistency
+    level, _ = first_levels(c, settings.student.objective.schedule, rng, images.shape[0])
+    angle = consistency.angle_of_level(level)
+    noisy = diffusion.add_noise(images, noises, *consistency.rates_of_angle(angle))
+    if c.teacher_pair:
+        dz_da = consistency.velocity_of(teach)(noisy, angle)
+    else:
+        dz_da = consistency.data_velocity(images, noises, angle)
+    # Forward-mode differentiation cannot pass a custom_vjp (oneDNN's convolutions, the upsampling's adjoint).
+    with ops.forward_mode():
+        velocity, velocity_tangent = consistency.velocity_and_tangent(
+            consistency.velocity_of(student(state.params)), noisy, angle, dz_da)
+    done = (state.step - settings.phase_start + 1).astype(jnp.float32)
+    warmup = jnp.minimum(1.0, done / c.tangent_warmup) if c.tangent_warmup else jnp.float32(1.0)
+    tangent = jax.lax.stop_gradient(
+        consistency.tangent_target(velocity, velocity_tangent, noisy, dz_da, angle, warmup, c.tangent_c))
+
+    def loss_fn(params):
+        return consistency.tangent_loss(consistency.velocity_of(student(params))(noisy, angle), velocity, tangent)
 
     return loss_fn
 

@@ -1,5 +1,5 @@
 """Consistency distillation's maths as pure functions of arrays (Song et al. 2023, "Consistency models"), and
-consistency tuning's and consistency mid-training's.
+consistency tuning's, continuous-time consistency distillation's and consistency mid-training's.
 
 Notation as :mod:`ddim.distill.targets`: ``z_t = alpha_t x + sigma_t eps`` (DDIM eq. 4) on this project's cosine
 schedule (signal rate 0.95 at ``t = 0`` to 0.02 at ``t = 1``), ``x_hat`` and ``eps_hat`` a model's image and noise
@@ -56,6 +56,31 @@ loss is ``w(t, r) d(f(z_t, t), sg f(z_r, r))`` with the pseudo-Huber ``d`` and `
   from the log-normal: an option of this project, since a short CPU run trains few draws at the noisiest end,
   where sampling in one pass evaluates the student (the log-normal's median level is 0.67 here).
 - There is no dropout in this network, so ECT's shared dropout mask has nothing to share.
+
+**Continuous-time consistency distillation** (``distill.consistency_times = "tangent"``; Lu & Song 2024,
+"Simplifying, stabilizing and scaling continuous-time consistency models", sCM, its sCD): the gap of the pair taken
+to zero. This project's cosine schedule is their TrigFlow: ``z = cos(a) x + sin(a) eps`` at the angle ``a``
+(signal rate ``cos a``, noise rate ``sin a``), the velocity ``v = cos(a) eps - sin(a) x`` is ``dz/da``, and the
+consistency function ``f = cos(a) z - sin(a) F`` with ``F`` the velocity prediction (their eq. 1 and 4 with
+``sigma_d = 1``, the normaliser's unit variance). Its training gradient is ``grad E[F_theta . sg(-cos(a) df/da)]``
+(their eq. 6 with ``w(a) = 1 / tan(a)``), which is that of the squared error of ``F_theta`` against
+``sg(F + g)`` with the tangent
+
+    g = -cos^2(a) (F - dz/da) - r sin(a) cos(a) (z + dF/da)
+
+(:func:`tangent_target`), ``F`` and ``dF/da`` the student's own, without gradient, along the path: one
+Jacobian-vector product through the network in the direction ``(dz/da, 1)`` (:func:`velocity_and_tangent`), and
+``dz/da`` the guided teacher's velocity (distillation), or the data's ``cos(a) eps - sin(a) x`` with
+``consistency_pair = "data"`` (their sCT). Departures, and why:
+
+- No learned adaptive weighting ``w_phi(a)`` (their eq. 8): a second network, and a short run has too few steps
+  to fit it; the tangent normalisation ``g / (|g| + c)`` (their section 4.2) and the tangent warm-up ``r`` ramping
+  from 0 to 1 (``distill.consistency_tangent_warmup``) are kept, the stabilisers they name first.
+- Angles come from ``tan(a)`` drawn as consistency tuning draws its levels (log-normal, truncated to the schedule;
+  their ``tan(a) = e^tau / sigma_d``, ``tau ~ N(P_mean, P_std^2)``, rescaled as the levels are), and the network is
+  this project's: no positional time embedding or adaptive double normalisation, which sCM adds for stability.
+- The teacher's velocity is the guided one at the drawn scale, and the student's input carries that scale, as in
+  consistency distillation here; sCM distils unguided teachers.
 
 **Consistency mid-training** (``distill.consistency_midtraining_steps``; Hu et al. 2025, "Consistency
 mid-training", CMT; sony/cmt ``training/loss.py``, ``DPMSolverLoss``): before consistency distillation, the
@@ -199,6 +224,57 @@ def tuning_loss(student_images, target_images, level_t, level_r, *, huber_c: flo
     if inverse_gap:
         distance = distance / (level_t - level_r).reshape(-1)
     return jnp.mean(distance)
+
+
+# --- continuous-time consistency distillation: the tangent along the path, through the network ---------------------
+
+
+def rates_of_angle(angle):
+    """``(noise_rates, signal_rates)`` of the TrigFlow angle ``a``: ``(sin a, cos a)``; angle 0 is the boundary."""
+    return jnp.sin(angle), jnp.cos(angle)
+
+
+def angle_of_level(tau):
+    """The angle ``a = arctan(tau)`` of the noise level ``tau = sigma / alpha = tan(a)``."""
+    return jnp.arctan(tau)
+
+
+def velocity_of(denoise: Denoise):
+    """``F(z, a)``: the velocity ``cos(a) eps_hat - sin(a) x_hat`` of ``denoise``'s predictions at the angle ``a``
+    (for a velocity network, its output)."""
+
+    def velocity(z, angle):
+        noise_rates, signal_rates = rates_of_angle(angle)
+        pred_noises, pred_images = denoise(z, noise_rates, signal_rates)
+        return signal_rates * pred_noises - noise_rates * pred_images
+
+    return velocity
+
+
+def velocity_and_tangent(velocity: Callable, z, angle, dz_da):
+    """``(F, dF/da)``: ``velocity(z, a)`` and its total derivative along the path ``z(a)`` whose derivative is
+    ``dz_da``, ``dF/da = dF/dz . dz/da + dF/da|_z``: one forward-mode product (``jax.jvp``), no gradient through it."""
+    return jax.jvp(velocity, (z, angle), (dz_da, jnp.ones_like(angle)))
+
+
+def tangent_target(velocity, velocity_tangent, z, dz_da, angle, warmup, c: float):
+    """sCM's normalised tangent ``g / (|g| + c)`` with ``g = -cos^2(a) (F - dz/da) - r sin(a) cos(a) (z + dF/da)``
+    (module docstring; ``r = warmup``, ``|g|`` per image over all its numbers): the student's velocity is pulled
+    towards ``F + g``."""
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    g = -jnp.square(cos) * (velocity - dz_da) - warmup * sin * cos * (z + velocity_tangent)
+    norm = jnp.sqrt(jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim)), keepdims=True))
+    return g / (norm + c)
+
+
+def tangent_loss(student_velocity, velocity, tangent):
+    """``mean |F_theta - sg(F + g)|^2``, whose gradient at the student's weights is sCM's (module docstring)."""
+    return jnp.mean(jnp.square(student_velocity - jax.lax.stop_gradient(velocity + tangent)))
+
+
+def data_velocity(images, noises, angle):
+    """The data's ``dz/da = cos(a) eps - sin(a) x`` (sCT's, ``consistency_pair = "data"``)."""
+    return jnp.cos(angle) * noises - jnp.sin(angle) * images
 
 
 # --- consistency mid-training: regress the consistency function on the teacher's banked trajectories --------------
