@@ -189,3 +189,17 @@ def test_bad_tangent_settings_are_one_error_line_before_anything_is_written(cond
          'distill.consistency_times "tangent" has its own loss'),
     ])
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_tangent_study_writes_each_angles_parts(conditional_workdir, tmp_path):
+    import json
+
+    from benchmarks.studies import tangent_parts
+
+    out = tmp_path / "parts.jsonl"
+    tangent_parts.main(["--model", str(conditional_workdir), "--angles", "0.5", "1.2", "--num", "2", "--out", str(out)])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["angle"] for line in lines] == [0.5, 1.2]
+    for line in lines:
+        values = [line[key] for key in ("velocity", "input_part", "angle_part", "exact_angle_part", "state")]
+        assert all(np.isfinite(values)) and all(value > 0 for value in values)

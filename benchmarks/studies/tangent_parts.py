@@ -5,7 +5,7 @@ Run:  python -m benchmarks.studies.tangent_parts [--model pretrained:flowers32] 
           [--num 8] [--guidance 1.5] [--out docs/results/tangent-parts.jsonl]
 
 At each angle ``a`` of the schedule (signal rate ``cos a``, noise rate ``sin a``: ddim/distill/targets_consistency.py)
-``--num`` data images of the model's own dataset are noised to ``z``, and the model's velocity ``F(z, a)`` is
+``--num`` images of the model's training split are noised to ``z``, and the model's velocity ``F(z, a)`` is
 differentiated along the path ``dz/da = F`` (the guided velocity at ``--guidance``) in two parts, each one
 ``jax.jvp``: in the input, ``dF/dz . dz/da``, and in the angle at a fixed input, ``dF/da``. Their sum is the
 ``dF/da`` of the tangent (:func:`ddim.distill.targets_consistency.tangent_target`). Printed and written as one JSON
@@ -73,7 +73,7 @@ def main(argv=None) -> None:
     from ddim.train.state import to_float
 
     pipe = ddim.load(args.model)
-    batch = load_split(pipe.config, pipe.config.data.val_split).batch(np.arange(args.num))
+    batch = load_split(pipe.config, "train").batch(np.arange(args.num))
     images = normalize(pipe.model, pipe.variables, to_float(jnp.asarray(batch["image"])))
     labels = jnp.asarray(batch["label"], jnp.int32)
     for angle in args.angles:
