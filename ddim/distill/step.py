@@ -75,7 +75,9 @@ class ConsistencySettings:
     tangent: bool
     """The gap taken to zero: the tangent along the path (Lu & Song 2024, sCD); levels drawn as ``continuous``."""
     tangent_warmup: int
+    """Steps over which the tangent's second term ramps in (``distill.consistency_tangent_warmup``)."""
     tangent_c: float
+    """The tangent normalisation's constant (``distill.consistency_tangent_c``)."""
     teacher_pair: bool
     """The second point from the guided teacher's ODE step; else the same image and noise (ECT's tuning)."""
     huber_c: float | None
@@ -219,7 +221,8 @@ def consistency_loss_fn(settings: StepSettings, state: TrainState, teach, studen
     """The loss of a consistency step as a function of the student's parameters: the student's ``f(z_t, t)``
     against its own ``f(z_r, r)`` without gradient (the target network is the student itself, as in iCT and ECT),
     ``(t, r)`` neighbours on the teacher's grid or continuous levels a shrinking gap apart, ``z_r`` from the guided
-    teacher's ODE step or from the same image and noise (:mod:`ddim.distill.targets_consistency`)."""
+    teacher's ODE step or from the same image and noise (:mod:`ddim.distill.targets_consistency`); with the gap
+    taken to zero, :func:`tangent_loss_fn`."""
     c = settings.consistency
     schedule = settings.student.objective.schedule
     batch_size = images.shape[0]
