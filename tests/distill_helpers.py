@@ -109,3 +109,27 @@ def stop_at_call(monkeypatch, count: int) -> None:
         return wrapped
 
     monkeypatch.setattr(loop, "compiled_step", stopping)
+
+
+def stopped_and_resumed_student(teacher_workdir, root, monkeypatch, overrides, stop: int, total: int):
+    """Distil ``overrides`` straight to ``root/straight`` and, stopped after ``stop`` steps and resumed, to
+    ``root/resumed``; assert the two final students' weights are equal, and return the resumed one's directory."""
+    import jax
+    import numpy as np
+
+    from ddim.checkpoint import load_ema
+    from ddim.distill import distill
+
+    distill(teacher_workdir, root / "straight", overrides=overrides, log=lambda m: None)
+    stop_at_call(monkeypatch, stop)
+    stopped = distill(teacher_workdir, root / "resumed", overrides=overrides, log=lambda m: None)
+    assert stopped.interrupted and stopped.final_step == stop
+    monkeypatch.undo()
+    resumed = distill(teacher_workdir, root / "resumed", overrides=overrides, log=lambda m: None)
+    assert (resumed.start_step, resumed.final_step) == (stop, total)
+
+    def final(run):
+        return load_ema(run / "students" / "consistency").variables["params"]
+
+    jax.tree.map(np.testing.assert_array_equal, final(root / "straight"), final(root / "resumed"))
+    return root / "resumed" / "students" / "consistency"

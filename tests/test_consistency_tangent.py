@@ -155,23 +155,10 @@ def test_a_stopped_tangent_run_resumes_to_the_same_student_which_samples(conditi
     """Stopped at step 2 (the end of the warm-up), resumed: the student an unstopped run makes, sampling in 1 and 2
     steps with guidance."""
     import ddim
-    from ddim.checkpoint import load_ema
-    from ddim.distill import distill
-    from tests.distill_helpers import stop_at_call
+    from tests.distill_helpers import stopped_and_resumed_student
 
-    distill(conditional_workdir, tmp_path / "straight", overrides=RUN, log=lambda m: None)
-    stop_at_call(monkeypatch, 2)
-    stopped = distill(conditional_workdir, tmp_path / "resumed", overrides=RUN, log=lambda m: None)
-    assert stopped.interrupted and stopped.final_step == 2
-    monkeypatch.undo()
-    resumed = distill(conditional_workdir, tmp_path / "resumed", overrides=RUN, log=lambda m: None)
-    assert (resumed.start_step, resumed.final_step) == (2, 4)
-
-    def final(root):
-        return load_ema(root / "students" / "consistency").variables["params"]
-
-    jax.tree.map(np.testing.assert_array_equal, final(tmp_path / "straight"), final(tmp_path / "resumed"))
-    pipe = ddim.load(tmp_path / "resumed" / "students" / "consistency")
+    student = stopped_and_resumed_student(conditional_workdir, tmp_path, monkeypatch, RUN, stop=2, total=4)
+    pipe = ddim.load(student)
     for steps in (1, 2):
         images = pipe.generate(2, steps=steps, guidance=1.5, seed=0)
         assert images.shape[0] == 2 and np.isfinite(np.asarray(images, np.float32)).all()

@@ -162,23 +162,10 @@ TUNING = ["distill.method=consistency", "distill.start_steps=4", "distill.studen
 def test_a_stopped_tuning_run_resumes_in_its_stage_to_the_same_student(conditional_workdir, tmp_path, monkeypatch,
                                                                        pair):
     """Stopped at step 3 (the second stage of the gap), resumed: the student an unstopped run makes."""
-    from ddim.checkpoint import load_ema
-    from ddim.distill import distill
-    from tests.distill_helpers import stop_at_call as _stop_at_call
+    from tests.distill_helpers import stopped_and_resumed_student
 
-    settings = [*TUNING, f'distill.consistency_pair="{pair}"']
-    distill(conditional_workdir, tmp_path / "straight", overrides=settings, log=lambda m: None)
-    _stop_at_call(monkeypatch, 3)
-    stopped = distill(conditional_workdir, tmp_path / "resumed", overrides=settings, log=lambda m: None)
-    assert stopped.interrupted and stopped.final_step == 3
-    monkeypatch.undo()
-    resumed = distill(conditional_workdir, tmp_path / "resumed", overrides=settings, log=lambda m: None)
-    assert (resumed.start_step, resumed.final_step) == (3, 5)
-
-    def final(root):
-        return load_ema(root / "students" / "consistency").variables["params"]
-
-    jax.tree.map(np.testing.assert_array_equal, final(tmp_path / "straight"), final(tmp_path / "resumed"))
+    stopped_and_resumed_student(conditional_workdir, tmp_path, monkeypatch,
+                                [*TUNING, f'distill.consistency_pair="{pair}"'], stop=3, total=5)
 
 
 def test_bad_tuning_settings_are_one_error_line_before_anything_is_written(conditional_workdir, tmp_path):
