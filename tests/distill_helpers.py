@@ -133,3 +133,32 @@ def stopped_and_resumed_student(teacher_workdir, root, monkeypatch, overrides, s
 
     jax.tree.map(np.testing.assert_array_equal, final(root / "straight"), final(root / "resumed"))
     return root / "resumed" / "students" / "consistency"
+
+
+def consistency_step_inputs(config, step: int = 0):
+    """What a consistency step's loss takes for a tiny velocity student of ``config``: ``(settings, params, bound,
+    state, images, noises)``, ``bound(params)`` its unconditional denoiser and ``state`` the two fields the loss
+    reads."""
+    from types import SimpleNamespace
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ddim.distill import plan as plan_lib
+    from ddim.distill.step import StepSettings
+    from ddim.model import DiffusionModel, bind_denoiser, init_variables
+
+    (phase,) = plan_lib.plan(config.model, config)
+    student = DiffusionModel(plan_lib.student_model(config.model, config, phase))
+    settings = StepSettings.of(student, DiffusionModel(config.model), config, phase)
+    variables = init_variables(student, jax.random.key(0))
+
+    def bound(params):
+        denoise = bind_denoiser(student, {"params": params, "batch_stats": variables["batch_stats"]})
+        return lambda z, n, s: denoise(z, n, s, None)
+
+    state = SimpleNamespace(params=variables["params"], step=jnp.asarray(step))
+    images = jnp.asarray(np.random.default_rng(1).normal(size=(4, 16, 16, 3)), jnp.float32)
+    noises = jnp.asarray(np.random.default_rng(2).normal(size=(4, 16, 16, 3)), jnp.float32)
+    return settings, variables["params"], bound, state, images, noises

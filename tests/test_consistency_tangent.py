@@ -102,25 +102,14 @@ def test_an_exact_consistency_function_has_no_tangent_and_at_the_boundary_it_is_
 def _tangent_loss(*overrides, step=0):
     config = tiny_config("model.prediction=velocity", "distill.method=consistency", "distill.start_steps=4",
                          "distill.consistency_tangent_warmup=4", *TANGENT, *overrides)
-    (phase,) = plan_lib.plan(config.model, config)
-    student = DiffusionModel(plan_lib.student_model(config.model, config, phase))
-    settings = StepSettings.of(student, DiffusionModel(config.model), config, phase)
-    variables = init_variables(student, jax.random.key(0))
+    from tests.distill_helpers import consistency_step_inputs
 
-    def bound(params):
-        denoise = bind_denoiser(student, {"params": params, "batch_stats": variables["batch_stats"]})
-        return lambda z, n, s: denoise(z, n, s, None)
-
-    from types import SimpleNamespace
-
-    state = SimpleNamespace(params=variables["params"], step=jnp.asarray(step))
-    images = jnp.asarray(np.random.default_rng(1).normal(size=(4, 16, 16, 3)), jnp.float32)
-    noises = jnp.asarray(np.random.default_rng(2).normal(size=(4, 16, 16, 3)), jnp.float32)
+    settings, params, bound, state, images, noises = consistency_step_inputs(config, step)
     teacher = bind_denoiser(DiffusionModel(config.model), init_variables(DiffusionModel(config.model),
                                                                          jax.random.key(5)))
     loss_fn = consistency_loss_fn(settings, state, lambda z, n, s: teacher(z, n, s, None), bound, images, noises,
                                   jax.random.key(3))
-    loss, grads = jax.value_and_grad(loss_fn)(variables["params"])
+    loss, grads = jax.value_and_grad(loss_fn)(params)
     return float(loss), grads
 
 

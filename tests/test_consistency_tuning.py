@@ -107,23 +107,11 @@ def _loss_parts(*overrides, step=0):
     """The loss of a consistency tuning step (``overrides`` changing its parts) for a tiny velocity student."""
     config = tiny_config("model.prediction=velocity", "distill.method=consistency", "distill.start_steps=4",
                          "distill.consistency_stage_steps=2", *TUNE, *overrides)
-    (phase,) = plan_lib.plan(config.model, config)
-    student = DiffusionModel(plan_lib.student_model(config.model, config, phase))
-    settings = StepSettings.of(student, DiffusionModel(config.model), config, phase)
-    variables = init_variables(student, jax.random.key(0))
-    def bound(params):
-        denoise = bind_denoiser(student, {"params": params, "batch_stats": variables["batch_stats"]})
-        return lambda z, n, s: denoise(z, n, s, None)
+    from tests.distill_helpers import consistency_step_inputs
 
-    from types import SimpleNamespace
-
-    state = SimpleNamespace(params=variables["params"], step=jnp.asarray(step))  # the two fields the loss reads
-
-    images = jnp.asarray(np.random.default_rng(1).normal(size=(4, 16, 16, 3)), jnp.float32)
-    noises = jnp.asarray(np.random.default_rng(2).normal(size=(4, 16, 16, 3)), jnp.float32)
-    loss_fn = consistency_loss_fn(settings, state, bound(variables["params"]), bound, images, noises,
-                                  jax.random.key(3))
-    return float(loss_fn(variables["params"]))
+    settings, params, bound, state, images, noises = consistency_step_inputs(config, step)
+    loss_fn = consistency_loss_fn(settings, state, bound(params), bound, images, noises, jax.random.key(3))
+    return float(loss_fn(params))
 
 
 def test_each_part_of_the_recipe_changes_the_loss_and_the_2023_recipe_is_still_reachable():
