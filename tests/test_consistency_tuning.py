@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from ddim.config import ConfigError
-from ddim.distill import plan as plan_lib
 from ddim.distill import targets_consistency as consistency
-from ddim.distill.step import ConsistencySettings, StepSettings, consistency_loss_fn
+from ddim.distill.step import ConsistencySettings, consistency_loss_fn
 from ddim.model import DiffusionModel, bind_denoiser, init_variables
 from ddim.objective import Objective
 from tests.conftest import tiny_config
