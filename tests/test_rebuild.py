@@ -67,6 +67,7 @@ def test_the_smoke_rebuild_runs_the_whole_chain_then_skips_every_stage(tmp_path,
         assert record["hardware"].startswith("a ") and "CPU" in record["hardware"] and record["wall_time"]
         lines = (out / "results" / Path(record["scores"][0]["source"]).name).read_text().splitlines()
         assert len(lines) >= len(record["scores"])
+        assert {json.loads(line)["checkpoint"] for line in lines} == {f"pretrained:{manifest.name}"}
     assert len([score for score in teacher.record["scores"] if score["num"] == 6]) >= 2
 
     assert rebuild.main(["flowers64", "--out", str(out), "--smoke"]) == 0

@@ -91,7 +91,9 @@ class BundleSteps:
                                    for key, value in (options.get("words") or {}).items()})
         results = self.out / "results" / Path(source).name
         results.parent.mkdir(parents=True, exist_ok=True)
-        results.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+        # The shipped lines name the bundle, not where this machine kept it.
+        shipped = [{**line, "checkpoint": f"pretrained:{name}"} for line in lines]
+        results.write_text("".join(json.dumps(line) + "\n" for line in shipped), encoding="utf-8")
         write_record(manifest, record.to_dict())
         self.say(f"  record of {name}: {len(lines)} scores, the raw lines in {results} (ship it as {source})")
         return {"scores": len(lines), "results": str(results)}
