@@ -228,7 +228,13 @@ def test_cli_timing_times_whole_sample_commands_of_a_bundled_model(trained_workd
     assert len(line["wall_seconds"]) == len(line["reported_seconds"]) == 2
     # The reported seconds (ddim sample's last line) are a part of each whole command's wall time.
     assert all(0 < reported <= wall for reported, wall in zip(line["reported_seconds"], line["wall_seconds"]))
-    assert json.loads(out.read_text()) == line
+    assert json.loads(out.read_text()) == line and line["setting"] == "the model's defaults"
+    [line] = cli_timing.main(["--models", name, "--num", "2", "--repeats", "1",
+                              "--sample-options", "--steps 3 --eta 1"])
+    assert line["command"] == f"ddim sample --pretrained {name} --num 2 --out DIR --steps 3 --eta 1"
+    assert line["setting"] == "the options in the command"
+    with pytest.raises(SystemExit, match="error: .* failed"):  # an option ddim sample refuses
+        cli_timing.main(["--models", name, "--repeats", "1", "--sample-options", "--steps 0"])
     with pytest.raises(SystemExit, match="error: .* failed"):
         cli_timing.main(["--models", "no-such-model", "--repeats", "1"])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -213,6 +214,11 @@ def test_every_recipe_names_its_settings_and_its_ddim_commands_parse(name, smoke
         if stage.kind == "record":
             assert stage.record["model"] and recipe.stage(stage.record["defaults"]).kind == "choose"
             assert all(recipe.stage(trained).kind == "run" for trained in stage.record["trained"])
+            # The timing runs before the record gives the bundle its defaults: it is told them, or it would time
+            # the plain setting and the record would call that the defaults' time.
+            for command in (command for command in commands if "benchmarks.speed.cli_timing" in command):
+                words = shlex.split(command)
+                assert words[words.index("--sample-options") + 1] == values[stage.record["defaults"]], command
 
 
 def test_the_flowers64_recipe_trains_a_velocity_model_120_epochs_in_two_stages(tmp_path):
