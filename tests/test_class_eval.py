@@ -308,6 +308,31 @@ def test_guidance_benchmark_scores_each_scale_resumes_and_draws_the_grid(conditi
     assert (tmp_path / "out" / guidance.RESULTS).read_text().splitlines() == lines
 
 
+def test_guidance_benchmark_draws_the_grid_alone_with_the_sampler_asked(conditional_workdir, tmp_path):
+    """No scale to score: the grid only, at --grid-guidance, each tile what that sampler makes of its seed."""
+    from ddim.sampling import load
+    from ddim.spec import SamplingSpec
+
+    grid = tmp_path / "grid.png"
+    base = [str(conditional_workdir), "--out", str(tmp_path / "out"), "--steps", "2", "--grid", str(grid),
+            "--grid-classes", "sunflower,bluebell", "--grid-seeds", "2", "--batch-size", "4"]
+    with pytest.raises(SystemExit):  # nothing to score and no scale for the grid
+        guidance.main([*base, "--guidance"])
+    rows = guidance.main([*base, "--guidance", "--grid-guidance", "2", "--sampler", "dpmpp-2m", "--spacing", "logsnr"])
+    assert rows == [] and not (tmp_path / "out" / guidance.RESULTS).exists()
+    pipe = load(str(conditional_workdir))
+    tile = pipe.generate(latents=pipe.latents(1, seed=1), classes=np.array([pipe.class_space.class_id("bluebell")]),
+                         spec=SamplingSpec(steps=2, sampler="dpmpp-2m", spacing="logsnr", guidance=2.0))[0]
+    with Image.open(grid) as opened:
+        image = np.asarray(opened.convert("RGB"))
+    size = tile.shape[0]
+    np.testing.assert_allclose(image[size + 4:2 * size + 4, size + 4:2 * size + 4], tile, atol=1)
+    with pytest.raises(AssertionError):  # the grid's sampler, not ddim's
+        ddim_tile = pipe.generate(latents=pipe.latents(1, seed=1), spec=SamplingSpec(steps=2, guidance=2.0),
+                                  classes=np.array([pipe.class_space.class_id("bluebell")]))[0]
+        np.testing.assert_allclose(ddim_tile, tile, atol=1)
+
+
 def test_guidance_benchmark_takes_a_bundled_model_by_name(conditional_workdir, tmp_path, monkeypatch, capsys):
     from ddim.pretrained import ENV, export_checkpoint
 

@@ -1,10 +1,12 @@
 """Classifier-free guidance: FID and class accuracy of a class-conditional checkpoint at each guidance scale.
 
 Run:  python -m benchmarks.studies.guidance runs/flowers64-classes --out /tmp/guidance --grid docs/guidance.png
-      [--guidance 0 1 2 3 5] [--steps 20] [--num 1000] [--grid-guidance 2] [--grid-classes sunflower,rose,...]
+      [--guidance 0 1 2 3 5] [--steps 20] [--sampler ddim] [--spacing uniform] [--num 1000] [--grid-guidance 2]
+      [--grid-classes sunflower,rose,...]
 
 For each guidance scale the checkpoint's EMA weights sample ``--num`` images (classes drawn as the training
-data has them, ``--steps`` steps of ddim/uniform) and ``ddim eval`` scores them: FID (the standard FID
+data has them, ``--steps`` steps of ``--sampler`` on the ``--spacing`` grid, ddim/uniform unless given) and
+``ddim eval`` scores them: FID (the standard FID
 Inception) against all real images at the model's size (``--split all``, as benchmarks.studies.recipe), and the
 class accuracy: how often a classifier on the same FID features, fitted on the real training images, sees the
 class each image was asked for; its accuracy on the real validation images is the ceiling, chance is
@@ -15,7 +17,7 @@ Results go to ``<out>/guidance.jsonl`` (one line per checkpoint step and setting
 ``<out>/eval_cache`` keeps the real features), and a Markdown table is printed. ``--grid PATH`` writes one
 image: a row per class of ``--grid-classes`` (eight recognisable Flowers classes by default), a column per
 seed (column j is ``ddim sample --num 1 --seed j --class NAME --guidance G``), at ``--grid-guidance`` or else
-the scale with the best (lowest) FID.
+the scale with the best (lowest) FID; ``--guidance`` with no scale draws the grid alone.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ def read_results(out: Path) -> list[dict]:
 
 
 def score(source, guidance: float, steps: int, num: int, out: Path, batch_size: int = 64,
-          feature_extractor_factory=None) -> dict:
+          feature_extractor_factory=None, sampler: str = SAMPLER, spacing: str = SPACING) -> dict:
     """FID, KID and class accuracy of ``num`` samples of ``source`` (a checkpoint, or ``"pretrained:NAME"``) at
     ``guidance`` (``ddim eval``)."""
     from ddim.spec import SamplingSpec
 
-    spec = SamplingSpec(steps=steps, sampler=SAMPLER, spacing=SPACING, guidance=guidance)
+    spec = SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, guidance=guidance)
     record = score_fid(source, spec, num, out, batch_size=batch_size,
                        feature_extractor_factory=feature_extractor_factory)
     keys = ("checkpoint", "step", "steps", "num", "sampler", "spacing", "guidance", "fid", "kid_mean",
@@ -88,7 +90,7 @@ def best_guidance(rows: list[dict]) -> float:
 
 
 def write_grid(pipe, classes: list[str], guidance: float, steps: int, seeds: int, path: Path,
-               batch_size: int = 64) -> Path:
+               batch_size: int = 64, sampler: str = SAMPLER, spacing: str = SPACING) -> Path:
     """One image: a row per class, column j from seed j's noise (``ddim sample --num 1 --seed j``)."""
     import numpy as np
 
@@ -96,14 +98,14 @@ def write_grid(pipe, classes: list[str], guidance: float, steps: int, seeds: int
     from ddim.spec import SamplingSpec
 
     noise = np.concatenate([pipe.latents(1, seed=seed) for seed in range(seeds)])
-    spec = SamplingSpec(steps=steps, sampler=SAMPLER, spacing=SPACING, guidance=guidance)
+    spec = SamplingSpec(steps=steps, sampler=sampler, spacing=spacing, guidance=guidance)
     ids = [pipe.class_space.class_id(name) for name in classes]
     images = pipe.generate(latents=np.concatenate([noise] * len(classes)), spec=spec, batch_size=batch_size,
                            classes=np.repeat(ids, seeds))
     path.parent.mkdir(parents=True, exist_ok=True)
     save_png(make_grid(images, rows=len(classes)), path)
     log(f"wrote {path}: rows (top to bottom) {', '.join(classes)}; columns seeds 0-{seeds - 1}; guidance "
-        f"{guidance:g}, {steps} steps of {SAMPLER}/{SPACING}")
+        f"{guidance:g}, {steps} steps of {sampler}/{spacing}")
     return path
 
 
@@ -113,8 +115,11 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[
                         "pretrained:NAME (a bundled model).")
     parser.add_argument("--out", type=Path, required=True,
                         help="Results, eval cache and data cache (outside the repo).")
-    parser.add_argument("--guidance", type=float, nargs="+", default=list(GUIDANCES), help="Guidance scales.")
-    parser.add_argument("--steps", type=int, default=20, help="Sampling steps (ddim/uniform).")
+    parser.add_argument("--guidance", type=float, nargs="*", default=list(GUIDANCES),
+                        help="Guidance scales to score; none: only the grid, at --grid-guidance.")
+    parser.add_argument("--steps", type=int, default=20, help="Sampling steps.")
+    parser.add_argument("--sampler", default=SAMPLER, help="The sampler of the scores and the grid.")
+    parser.add_argument("--spacing", default=SPACING, help="The sampler's time grid (uniform, quadratic, logsnr).")
     parser.add_argument("--num", type=int, default=1000, help="Samples per guidance scale.")
     parser.add_argument("--batch-size", type=int, default=64, help="Images generated at once.")
     parser.add_argument("--grid", type=Path, default=None, help="Write the class-by-seed grid image here.")
@@ -134,6 +139,8 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[
     if not pipe.classes:
         parser.error(f"{pipe.path} is not class-conditional (trained without model.class_conditional)")
     classes = [name.strip() for name in args.grid_classes.split(",") if name.strip()]
+    if args.grid is not None and not args.guidance and args.grid_guidance is None:
+        parser.error("--grid with no --guidance scale to score needs --grid-guidance")
     if args.grid:  # an unknown grid class fails now, not after the scoring
         try:
             for name in classes:
@@ -143,21 +150,25 @@ def main(argv: list[str] | None = None, feature_extractor_factory=None) -> list[
     args.out.mkdir(parents=True, exist_ok=True)
     finished = {setting(row) for row in read_results(args.out)}
     for guidance in args.guidance:
-        key = (str(pipe.path), pipe.step, args.steps, args.num, SAMPLER, SPACING, float(guidance))
+        key = (str(pipe.path), pipe.step, args.steps, args.num, args.sampler, args.spacing, float(guidance))
         if key in finished:
             log(f"guidance {guidance:g}: done (in {args.out / RESULTS})")
             continue
         row = score(args.checkpoint, guidance, args.steps, args.num, args.out, args.batch_size,
-                    feature_extractor_factory)
+                    feature_extractor_factory, args.sampler, args.spacing)
         log(json.dumps(row))
         append_record(args.out / RESULTS, row)
     wanted = {float(g) for g in args.guidance}
     rows = [row for row in read_results(args.out) if row["checkpoint"] == str(pipe.path) and row["step"] == pipe.step
-            and (row["steps"], row["num"]) == (args.steps, args.num) and row["guidance"] in wanted]
-    print(table(rows))
+            and (row["steps"], row["num"], row["sampler"], row["spacing"]) == (args.steps, args.num, args.sampler,
+                                                                               args.spacing)
+            and row["guidance"] in wanted]
+    if rows:
+        print(table(rows))
     if args.grid is not None:
         guidance = args.grid_guidance if args.grid_guidance is not None else best_guidance(rows)
-        write_grid(pipe, classes, guidance, args.steps, args.grid_seeds, args.grid, args.batch_size)
+        write_grid(pipe, classes, guidance, args.steps, args.grid_seeds, args.grid, args.batch_size,
+                   args.sampler, args.spacing)
     return rows
 
 
