@@ -221,7 +221,7 @@ def test_the_few_step_tip_is_measured_where_a_record_says_so():
         manifest = find(name)
         assert manifest.config.model.image_size == 32
         assert f"{FEW_STEPS_BEST[0]} on the {FEW_STEPS_BEST[1]} grid" in manifest.record["advice"]
-    assert "fewer steps are not measured at 64x64" in find("flowers64").record["advice"]
+    assert "fewer steps are not measured at 64x64" in find("flowers64-noise").record["advice"]
 
 
 @pytest.mark.parametrize("name, tip", [("flowers64", False), ("flowers32", True)])
@@ -239,12 +239,12 @@ def test_guidance_tip_only_when_a_bundled_model_is_asked_another_scale_than_its_
     from ddim.cli.app import guidance_tip
     from ddim.pretrained.registry import best_guidance
 
-    best = best_guidance("flowers64")
+    best = best_guidance("flowers64-noise")
     assert best == 2.0  # the record's default scale
-    assert guidance_tip("flowers64", True, None) is None  # the default is the best measured scale
-    assert guidance_tip("flowers64", True, best) is None
-    assert guidance_tip("flowers64", True, 1.0) == ("tip: flowers64 scored its best FID at --guidance 2, its "
-                                                    "default (docs/models.md)")
+    assert guidance_tip("flowers64-noise", True, None) is None  # the default is the best measured scale
+    assert guidance_tip("flowers64-noise", True, best) is None
+    assert guidance_tip("flowers64-noise", True, 1.0) == ("tip: flowers64-noise scored its best FID at --guidance 2, "
+                                                          "its default (docs/models.md)")
     assert guidance_tip(None, True, 3.0) is None  # a user's run: its best scale is not measured
     assert guidance_tip("my-model", True, 3.0) is None  # a model in $DDIM_PRETRAINED_DIR nobody measured here
     assert guidance_tip("unconditional", False, None) is None
