@@ -42,7 +42,7 @@ def test_every_packaged_config_says_in_its_first_line_what_it_is_for():
         described = named.describe(name)
         assert 20 <= len(described.summary) <= 100, (name, described.summary)
         assert described.kind in ("from scratch", "fine-tune", "distillation")
-    assert named.describe("finetune64").source == "pretrained:flowers64"
+    assert named.describe("finetune64").source == "pretrained:flowers64-noise"
     assert named.describe("distill32").kind == "distillation" and named.describe("distill32").image_size is None
 
 
