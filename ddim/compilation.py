@@ -8,11 +8,19 @@ another directory, or ``off``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 from pathlib import Path
+from typing import Iterator
 
 # The values of DDIM_COMPILATION_CACHE (or --compilation-cache) that turn the caches off.
 CACHE_OFF = ("off", "none", "0")
+
+# JAX's monitoring events (jax.monitoring): every program handed to XLA records the first, whether XLA compiles
+# it or it is read from the persistent cache; a read from the persistent cache also records the second.
+BUILD_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 def cache_root() -> Path:
@@ -67,3 +75,43 @@ def compile_for_one_call(jitted, *args):
 
     options = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
     return jitted.lower(*args).compile(compiler_options=options)
+
+
+@dataclasses.dataclass
+class CompileCount:
+    """The programs built while :func:`counting_compilations` was open."""
+
+    built: int = 0  # handed to XLA: compiled, or read from the persistent cache
+    from_cache: int = 0  # read from the persistent compilation cache
+
+    @property
+    def compiled(self) -> int:
+        """Programs XLA compiled (not read from the cache)."""
+        return self.built - self.from_cache
+
+
+@contextlib.contextmanager
+def counting_compilations() -> Iterator[CompileCount]:
+    """Count the programs compiled, and those read from the persistent cache, inside the block.
+
+    JAX's listeners are process-wide: programs other threads build meanwhile are counted too.
+    """
+    import jax
+
+    count = CompileCount()
+
+    def on_duration(event: str, duration: float, **kwargs) -> None:
+        if event == BUILD_EVENT:
+            count.built += 1
+
+    def on_event(event: str, **kwargs) -> None:
+        if event == CACHE_HIT_EVENT:
+            count.from_cache += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    try:
+        yield count
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_duration)
+        jax.monitoring.unregister_event_listener(on_event)

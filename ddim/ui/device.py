@@ -1,35 +1,57 @@
-"""The device slot: requests run one at a time on the device, and the first of each shape says it compiles."""
+"""The device slot: requests run one at a time on the device, and what a request's time includes besides running."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Hashable
 
+from ddim.compilation import counting_compilations
+
 Status = Callable[[str], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a request built before it ran: the first request of a shape needs its programs."""
+
+    first_of_shape: bool  # no earlier request of this server had its shape
+    compiled: int = 0  # programs XLA compiled during the request
+    from_cache: int = 0  # programs read from the persistent compilation cache during the request
+
+    def note(self) -> str:
+        """What the request's time includes, for its summary ("" when it only ran)."""
+        if self.compiled:
+            return " (including compiling for this shape: the first request of a shape compiles, later ones reuse it)"
+        if self.from_cache:
+            return (" (including reading this shape's programs from the compilation cache: the first request of a"
+                    " shape does, later ones reuse them)")
+        return ""
+
+
 class DeviceSlot:
-    """One request at a time on the device (a lock, besides the web queue), remembering the shapes compiled."""
+    """One request at a time on the device (a lock, besides the web queue), remembering the shapes built."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._compiled: set[Hashable] = set()
+        self._built: set[Hashable] = set()
 
     def run(self, shape: Hashable, description: str, status: Status | None, work: Callable[[], Any]):
-        """Run ``work`` alone on the device; returns ``(its result, seconds, whether it compiled)``.
+        """Run ``work`` alone on the device; returns ``(its result, seconds, its Setup)``.
 
-        ``shape`` names the compiled programs ``work`` needs: the first request with a
-        new one is announced as compiling (the persistent compilation cache, when on,
-        makes that quick after the first run of the server).
+        ``shape`` names the compiled programs ``work`` needs: the first request with a new
+        one is announced as compiling, and its :class:`Setup` counts what was compiled and
+        what the persistent compilation cache (when on) supplied instead.
         """
         with self._lock:
-            compiles = shape not in self._compiled
+            first = shape not in self._built
             if status is not None:
                 status(f"compiling for {description} (first request of this shape; later ones reuse it)..."
-                       if compiles else f"running {description}...")
+                       if first else f"running {description}...")
             started = time.perf_counter()
-            result = work()
+            with counting_compilations() as count:
+                result = work()
             seconds = time.perf_counter() - started
-            self._compiled.add(shape)
-        return result, seconds, compiles
+            self._built.add(shape)
+        return result, seconds, Setup(first, count.compiled, count.from_cache)

@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 
 from ddim.spec import SamplingSpec
+from ddim.ui.device import Setup
 
 
 @dataclasses.dataclass
@@ -19,7 +20,7 @@ class Result:
     captions: list[str]
     command: str
     seconds: float
-    compiled: bool
+    setup: Setup  # what the time includes besides running (compiling, or reading the compilation cache)
     details: str = ""
     names: list[str] = dataclasses.field(default_factory=list)  # file names for downloads
     inputs: np.ndarray | None = None  # uploaded images as the model saw them (cropped and resized)
@@ -31,8 +32,7 @@ class Result:
 
     def summary(self) -> str:
         what = plural(len(self.images), self.noun)
-        note = " (including compiling for this shape: the first request of a shape compiles, later ones reuse it)"
-        lines = [f"{what} in {self.seconds:.2f} s{note if self.compiled else ''}."]
+        lines = [f"{what} in {self.seconds:.2f} s{self.setup.note()}."]
         if self.details:
             lines.append(self.details)
         if self.command:

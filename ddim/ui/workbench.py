@@ -97,7 +97,7 @@ class Workbench:
         spec = self.sampling_spec(values)
         chosen, ids = self.image_classes(class_name, spec, num_images, seed)
         batches = tuple(sorted({min(CLI_BATCH_SIZE, num_images - s) for s in range(0, num_images, CLI_BATCH_SIZE)}))
-        images, seconds, compiled = self.on_device(
+        images, seconds, setup = self.on_device(
             ("generate", batches, spec.static, guided(spec)), f"{num_images} images x {spec.steps} steps", status,
             lambda: self.pipeline.generate(num_images, seed=seed, batch_size=CLI_BATCH_SIZE, spec=spec, classes=ids),
         )
@@ -106,7 +106,7 @@ class Workbench:
         command = self.command("sample", num=num_images, seed=seed, **self.class_option(chosen), spec=spec,
                                spec_fields=values)
         files = [f"{file_stem(seed, spec)}_{i:04d}.png" for i in range(num_images)]
-        return Result(images, captions, command, seconds, compiled, names=files,
+        return Result(images, captions, command, seconds, setup, names=files,
                       details="Image #*i* is `NNNN.png` (*i* = NNNN) of this command:")
 
     def interpolate(self, start_seed, start_image: Upload | None, end_seed, end_image: Upload | None, frames, steps,
@@ -133,7 +133,7 @@ class Workbench:
                 return self.pipeline.interpolate(a, b, frames=frames, spec=spec, batch_size=CLI_BATCH_SIZE, **options)
 
         inverts = any(kind == "image" for kind, _ in (start, end))
-        images, seconds, compiled = self.on_device(
+        images, seconds, setup = self.on_device(
             ("interpolate", frames, inverts, spec.static, guided(spec), classes is not None),
             f"{frames} frames x {spec.steps} steps", status, work)
         named = self.class_option(*dict.fromkeys(classes or ()))  # one --class when both ends have it
@@ -141,7 +141,7 @@ class Workbench:
                                spec=spec, spec_fields=values)
         captions = [f"frame {i} of {frames}{frame_class(self.classes.names, classes, i, frames)}"
                     for i in range(frames)]
-        return Result(images, captions, command, seconds, compiled, details=notes_text(notes),
+        return Result(images, captions, command, seconds, setup, details=notes_text(notes),
                       names=[f"interpolation_{i:04d}.png" for i in range(frames)],
                       animation=images, animation_name="interpolation.gif", noun="frame", frame_ms=INTERPOLATION_FRAME_MS)
 
@@ -157,14 +157,14 @@ class Workbench:
             with collect_notices(notes):
                 return self.pipeline.reconstruct([pixels], spec=spec)
 
-        result, seconds, compiled = self.on_device(
+        result, seconds, setup = self.on_device(
             ("reconstruct", spec.static), f"inverting and regenerating 1 image x {spec.steps} steps", status, work)
         error = float(result.errors[0])
         psnr = 10 * math.log10(1.0 / error) if error > 0 else math.inf
         details = (f"Mean squared error {error:.5f} per pixel and channel on [0, 1] values "
                    f"(PSNR {psnr:.1f} dB), {spec.steps} steps, {spec.spacing} spacing.")
         command = self.command("reconstruct", upload.name, spec=spec, spec_fields=values)
-        return Result(result.images, [f"reconstruction · MSE {error:.5f}"], command, seconds, compiled,
+        return Result(result.images, [f"reconstruction · MSE {error:.5f}"], command, seconds, setup,
                       details=join(details, notes_text(notes)), names=["reconstruction.png"], inputs=result.inputs)
 
     def edit(self, upload: Upload | None, strength, steps, seed, eta=0.0, sampler="ddim", spacing="uniform",
@@ -184,12 +184,12 @@ class Workbench:
             with collect_notices([]):  # the note on resizing came with model_view
                 return self.pipeline.edit([pixels], strength=strength, seed=seed, spec=spec, classes=ids)
 
-        images, seconds, compiled = self.on_device(
+        images, seconds, setup = self.on_device(
             ("edit", strength == 1.0, spec.static, guided(spec)), f"editing 1 image x {spec.steps} steps", status, work)
         command = self.command("edit", upload.name, strength=f"{strength:g}", seed=seed, **self.class_option(chosen),
                                spec=spec, spec_fields=values)
         label = f"strength {strength:g} · seed {seed} · {class_label(self.classes.names, ids, 0)}{caption(spec)}"
-        return Result(images, [label], command, seconds, compiled,
+        return Result(images, [label], command, seconds, setup,
                       details=notes_text(notes), names=[f"edit_strength{strength:g}_seed{seed}.png"], inputs=inputs)
 
     def inpaint(self, upload: Upload | None, mask, steps, seed, eta=0.0, sampler="ddim", spacing="uniform",
@@ -214,13 +214,13 @@ class Workbench:
             with collect_notices([]):
                 return self.pipeline.inpaint([pixels], mask, seed=seed, spec=spec, classes=ids)
 
-        images, seconds, compiled = self.on_device(
+        images, seconds, setup = self.on_device(
             ("inpaint", spec.static, guided(spec)), f"inpainting 1 image x {spec.steps} steps", status, work)
         command = self.command("inpaint", upload.name, mask="mask.png", seed=seed, **self.class_option(chosen),
                                spec=spec, spec_fields=values)
         mask_image = np.repeat(mask[..., None].astype(np.uint8) * 255, 3, axis=-1)
         label = f"inpainted · seed {seed} · {class_label(self.classes.names, ids, 0)}{caption(spec)}"
-        return Result(images, [label], command, seconds, compiled,
+        return Result(images, [label], command, seconds, setup,
                       details=join(notes_text(notes), "`mask.png` (white = filled) is offered for download."),
                       names=[f"inpaint_seed{seed}.png"], inputs=inputs, extras={"mask.png": mask_image})
 
@@ -235,7 +235,7 @@ class Workbench:
         values = dict(steps=steps, sampler=sampler, spacing=spacing, eta=eta, **sampling)
         spec = self.sampling_spec(values, max_steps=MAX_TRAJECTORY_STEPS)
         chosen, ids = self.image_classes(class_name, spec, num_images, seed)
-        frames, seconds, compiled = self.on_device(
+        frames, seconds, setup = self.on_device(
             ("trajectory", num_images, spec.static, guided(spec)), f"{num_images} images x {spec.steps} steps", status,
             lambda: self.pipeline.trajectory(num_images, seed=seed, batch_size=CLI_BATCH_SIZE, spec=spec, classes=ids),
         )
@@ -245,7 +245,7 @@ class Workbench:
                                spec=spec, spec_fields=values)
         # The GIF holds the final frame a little longer, as `ddim sample --trajectory` writes it.
         animation = np.concatenate([grids, np.repeat(grids[-1:], 4, axis=0)])
-        return Result(grids, [f"after step {k + 1} of {count}" for k in range(count)], command, seconds, compiled,
+        return Result(grids, [f"after step {k + 1} of {count}" for k in range(count)], command, seconds, setup,
                       names=[f"step_{k + 1:04d}.png" for k in range(count)],
                       details=join("The predicted clean image after each step, coarse to fine; the last is the sample.",
                                    classes_in_order(self.classes.names, ids), "`trajectory.gif` of this command:"),
@@ -323,7 +323,7 @@ class Workbench:
     # -- shared machinery -----------------------------------------------------------------------
 
     def on_device(self, shape: Hashable, description: str, status: Status | None, work: Callable[[], Any]):
-        """Run ``work`` alone on the device: ``(its result, seconds, whether it compiled)`` (see :class:`DeviceSlot`)."""
+        """Run ``work`` alone on the device: ``(its result, seconds, its Setup)`` (see :class:`DeviceSlot`)."""
         return self.device.run(shape, description, status, work)
 
     def command(self, verb: str, *arguments: str, **options) -> str:
