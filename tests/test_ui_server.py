@@ -64,7 +64,9 @@ def test_sample(client):
     messages = progress_messages(job)
     gallery, info = job.result()
     assert messages and messages[0].startswith("compiling for 4 images x 3 steps"), messages
-    assert "including compiling" in info and "ddim sample --checkpoint" in info and "--seed 11" in info
+    # A fresh server builds the programs: it compiles them, or reads them from the session's compilation cache.
+    assert ("(including compiling" in info or "(including reading" in info)
+    assert "ddim sample --checkpoint" in info and "--seed 11" in info
     assert [item["caption"] for item in gallery] == [f"#{i} · seed 11 · 3 steps · ddim · uniform" for i in range(4)]
     assert gallery[3]["image"].endswith("seed11_3steps_ddim_uniform_eta0_0003.png")
     assert np.stack([read(item["image"]) for item in gallery]).shape == (4, 16, 16, 3)
