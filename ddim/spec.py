@@ -306,10 +306,12 @@ class SamplingRules:
         if spec.steps not in counts:
             raise SpecError("{model} is distilled for {steps:{counts}} only", got=spec.steps, model=self.name,
                             counts=_names(str(count) for count in counts))
-        if (spec.sampler, spec.spacing, spec.eta) != (self.sampler, "uniform", 0.0):
-            what = ("deterministic DDIM steps" if self.sampler == "ddim"
-                    else f"{self.sampler} sampling") + " on the uniform grid"
-            raise SpecError("{model} is distilled for {what} only; leave out {sampler}, {spacing} and {eta}",
+        # A progressive student's DDIM steps may take eta: its predictions at its own grid times are denoisers
+        # there, so eq. 16's fresh noise keeps DDIM's marginals (stochastic sampling of a distilled student, Meng et
+        # al. 2023, section 4.3); its sampler and grid are what it was distilled for.
+        if (spec.sampler, spec.spacing) != (self.sampler, "uniform"):
+            what = ("DDIM steps" if self.sampler == "ddim" else f"{self.sampler} sampling") + " on the uniform grid"
+            raise SpecError("{model} is distilled for {what} only; leave out {sampler} and {spacing}",
                             model=self.name, what=what)
 
     def refuse_ode(self, verb: str) -> None:

@@ -209,8 +209,11 @@ def test_a_students_rules_refuse_other_step_counts_samplers_and_scales():
     with pytest.raises(SpecError, match="distilled for 4 steps") as error:
         rules.resolve(steps=8)
     assert "--steps 4 only" in error.value.cli_message
-    with pytest.raises(SpecError, match="deterministic DDIM"):
+    with pytest.raises(SpecError, match="distilled for DDIM steps on the uniform grid only"):
         rules.resolve(sampler="dpmpp-2m")
+    with pytest.raises(SpecError, match="leave out sampler and spacing"):
+        rules.resolve(spacing="logsnr")
+    assert rules.resolve(eta=0.5) == SamplingSpec(steps=4, eta=0.5)  # its DDIM steps take fresh noise
     with pytest.raises(SpecError, match="guidance scales 0 to 4"):
         rules.resolve(guidance=5.0)
     with pytest.raises(SpecError, match="cannot invert images"):

@@ -46,6 +46,13 @@ def test_distill_writes_a_student_per_round_that_loads_and_samples_on_its_own_gr
     assert not np.array_equal(images, pipe.generate(3, seed=0, classes="daisy", guidance=0.0))
     with pytest.raises(SpecError, match="distilled for 2 steps"):
         pipe.generate(3, steps=4)
+    # Its DDIM steps take eta (fresh noise each step); its sampler and grid are fixed.
+    stochastic = pipe.generate(3, seed=0, classes="daisy", guidance=2.0, eta=0.5)
+    assert stochastic.shape == images.shape and not np.array_equal(stochastic, images)
+    assert np.array_equal(stochastic, pipe.generate(3, seed=0, classes="daisy", guidance=2.0, eta=0.5))
+    for other in ({"sampler": "dpmpp-2m"}, {"spacing": "logsnr"}):
+        with pytest.raises(SpecError, match="distilled for DDIM steps on the uniform grid only"):
+            pipe.generate(3, **other)
     records = [json.loads(line) for line in (out / "distill.jsonl").read_text().splitlines()]
     assert records[0]["teacher"].endswith("run") and {r.get("student_steps") for r in records[1:]} == {4, 2, 1}
     from ddim import onednn
@@ -80,6 +87,8 @@ def test_distill_command_errors_are_one_line(distilled, conditional_workdir, tmp
         (["distill", "--out", tmp_path / "c"], "name one teacher"),
         (["sample", "--workdir", out / "students" / "1", "--steps", "2", "--out", tmp_path / "d"],
          "distilled for --steps 1 only"),
+        (["sample", "--workdir", out / "students" / "1", "--spacing", "karras", "--out", tmp_path / "e"],
+         "leave out --sampler and --spacing"),
     ]
     each_one_error_line(cases)
 
@@ -162,6 +171,7 @@ def test_the_web_page_takes_a_student_at_its_own_steps(distilled):
     steps = blocks["sample-steps"]
     assert (steps.value, steps.interactive) == (2, False)
     assert (blocks["sample-guidance"].minimum, blocks["sample-guidance"].maximum) == (0.0, 4.0)
+    assert blocks["sample-eta"].visible and not blocks["sample-sampler"].interactive
 
 
 def test_a_bundled_student_records_its_distillation_and_samples_at_its_own_steps(distilled, tmp_path, monkeypatch):
@@ -176,7 +186,7 @@ def test_a_bundled_student_records_its_distillation_and_samples_at_its_own_steps
     assert manifest.record["batch_size"] == 4 and manifest.record["images_seen"] == 4 * manifest.record["steps"]
     lines = "\n".join(describe(manifest))
     assert "guidance scale (0 to 4) as an input" in lines
-    assert "samples with 2 deterministic DDIM steps of one network pass each" in lines
+    assert "samples with 2 DDIM steps of one network pass each" in lines
     monkeypatch.setenv("DDIM_PRETRAINED_DIR", str(tmp_path))
     pipe = ddim.load("pretrained:tiny-2step")
     assert pipe.defaults == SamplingSpec(steps=2) and pipe.generate(2, seed=0).shape == (2, 16, 16, 3)

@@ -161,8 +161,8 @@ def _distilled(model, record: BundleRecord) -> str:
         how = (f"samples with {listed} steps of consistency sampling (by default {default}), one "
                "network pass each, guidance included")
     else:
-        how = (f"samples with {model.distilled_steps} deterministic DDIM steps of one network pass each, "
-               "guidance included, and no other count")
+        how = (f"samples with {model.distilled_steps} DDIM steps of one network pass each, guidance included, "
+               "and no other count")
     return f"from {teacher}; {how}"
 
 

@@ -71,8 +71,10 @@ def sampler_controls(tab: str, limit: int, stochastic: bool = True, workbench: W
                               elem_id=f"{tab}-sampler", visible=stochastic, interactive=not fixed)
         spacing = gr.Dropdown(list(SPACINGS), value=defaults.spacing, label="spacing", info=SPACING_INFO,
                               elem_id=f"{tab}-spacing", interactive=not fixed)
+    # A progressive student's DDIM steps take eta too; a consistency student's sampler draws its own noise.
+    takes_eta = not fixed or SAMPLERS[defaults.sampler].stochastic
     eta = gr.Slider(0, MAX_ETA, value=defaults.eta, step=0.05, label="eta (0: deterministic; 1: DDPM-like; ddim only)",
-                    elem_id=f"{tab}-eta", visible=stochastic and not fixed)
+                    elem_id=f"{tab}-eta", visible=stochastic and takes_eta)
     return steps, sampler, spacing, eta
 
 
