@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from ddim.compilation import counting_compilations
-from ddim.ui.device import DeviceSlot, Setup
+from ddim.ui.device import DeviceSlot, Setup, first_request_status
 
 
 def cube_plus(x):
@@ -36,6 +36,18 @@ def test_a_request_says_what_its_time_includes():
     _, _, setup = slot.run("shape", "2 images", messages.append, lambda: jax.jit(lambda v: v * 5.5 - 1)(jnp.ones(3)))
     _, _, again = slot.run("shape", "2 images", messages.append, lambda: None)
     assert setup.first_of_shape and setup.compiled >= 1 and not again.first_of_shape
-    assert messages[0].startswith("compiling for 2 images") and messages[1] == "running 2 images..."
+    assert messages[0] == first_request_status("2 images") and messages[1] == "running 2 images..."
     assert "including compiling" in setup.note() and again.note() == ""
     assert "compilation cache" in Setup(True, compiled=0, from_cache=2).note()
+
+
+def test_a_first_request_says_it_compiles_or_may_only_read_the_compilation_cache(tmp_path):
+    directory = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert first_request_status("2 images").startswith("compiling for 2 images (first request of this shape")
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        assert first_request_status("2 images").startswith("preparing 2 images: compiling, or reading the "
+                                                           "compilation cache")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", directory)

@@ -30,6 +30,17 @@ class Setup:
         return ""
 
 
+def first_request_status(description: str) -> str:
+    """The progress line of a shape's first request: it compiles, or with the persistent compilation cache on
+    (``ddim.compilation``) may only read what an earlier run compiled."""
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:
+        return (f"preparing {description}: compiling, or reading the compilation cache (first request of this "
+                "shape; later ones reuse it)...")
+    return f"compiling for {description} (first request of this shape; later ones reuse it)..."
+
+
 class DeviceSlot:
     """One request at a time on the device (a lock, besides the web queue), remembering the shapes built."""
 
@@ -47,8 +58,7 @@ class DeviceSlot:
         with self._lock:
             first = shape not in self._built
             if status is not None:
-                status(f"compiling for {description} (first request of this shape; later ones reuse it)..."
-                       if first else f"running {description}...")
+                status(first_request_status(description) if first else f"running {description}...")
             started = time.perf_counter()
             with counting_compilations() as count:
                 result = work()
