@@ -307,8 +307,8 @@ class SamplingRules:
             raise SpecError("{model} is distilled for {steps:{counts}} only", got=spec.steps, model=self.name,
                             counts=_names(str(count) for count in counts))
         # A progressive student's DDIM steps may take eta: its predictions at its own grid times are denoisers
-        # there, so eq. 16's fresh noise keeps DDIM's marginals (stochastic sampling of a distilled student, Meng et
-        # al. 2023, section 4.3); its sampler and grid are what it was distilled for.
+        # there, so eq. 16's fresh noise applies as for a diffusion model (Meng et al. 2023 sample their distilled
+        # students with fresh noise too); its sampler and grid are what it was distilled for.
         if (spec.sampler, spec.spacing) != (self.sampler, "uniform"):
             what = ("DDIM steps" if self.sampler == "ddim" else f"{self.sampler} sampling") + " on the uniform grid"
             raise SpecError("{model} is distilled for {what} only; leave out {sampler} and {spacing}",
