@@ -155,8 +155,10 @@ class SamplingSpec:
         if not eta >= 0:
             raise SpecError("{eta} must be >= 0", got=self.eta)
         if eta > 0 and not SAMPLERS[self.sampler].stochastic:
-            kind = "takes no eta" if SAMPLERS[self.sampler].consistency else "is deterministic"
-            raise SpecError("{eta} > 0 needs {sampler:ddim} ({name} {kind})", name=self.sampler, kind=kind)
+            if SAMPLERS[self.sampler].consistency:  # its only users, consistency students, sample with nothing else
+                raise SpecError("{sampler:{name}} takes no {eta}: it draws fresh noise at every step itself; leave "
+                                "out {eta}", name=self.sampler)
+            raise SpecError("{eta} > 0 needs {sampler:ddim} ({name} is deterministic)", name=self.sampler)
         object.__setattr__(self, "eta", eta)
         if self.guidance is not None:
             guidance = _number("guidance", self.guidance)

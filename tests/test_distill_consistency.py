@@ -89,6 +89,8 @@ def test_consistency_command_errors_are_one_line(consistency_student, conditiona
          "distilled for --steps 1, 2, 4 only"),
         (["sample", "--workdir", conditional_workdir, "--sampler", "consistency", "--out", tmp_path / "d"],
          "--sampler consistency is for consistency students"),
+        (["sample", "--workdir", student, "--eta", "0.5", "--out", tmp_path / "e"],
+         "--sampler consistency takes no --eta: it draws fresh noise at every step itself; leave out --eta"),
     ]
     each_one_error_line(cases)
     assert not (tmp_path / "b").exists()  # refused before anything is written
