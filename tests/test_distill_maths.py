@@ -196,6 +196,34 @@ def test_a_distilled_student_is_no_teacher():
     student = dataclasses.replace(tiny_config().model, distilled_steps=4)
     with pytest.raises(ConfigError, match="is a distilled student \\(4 steps\\), not a diffusion model"):
         plan_lib.check_teacher(student, "the teacher x")
+    consistency = dataclasses.replace(student, distilled_sampler="consistency")
+    with pytest.raises(ConfigError, match="is a distilled student \\(4 steps\\), not a diffusion model"):
+        plan_lib.check_teacher(consistency, "the teacher x", tiny_config("distill.start_steps=4"))
+
+
+def test_a_progressive_student_is_halved_further_from_its_own_step_count():
+    teacher = tiny_config("model.class_conditional=true").model
+    config = tiny_config("distill.start_steps=8", "distill.end_steps=4", "distill.round_steps=5",
+                         "distill.first_stage_steps=7")
+    first = plan_lib.plan(teacher, config)
+    student = plan_lib.student_model(teacher, config, first[-1], "pretrained:teacher")
+    further = tiny_config("distill.start_steps=4", "distill.end_steps=1", "distill.round_steps=3")
+    plan_lib.check_teacher(student, "the teacher x", further)
+    # No stage one: the student takes guidance as an input and predicts velocity already.
+    phases = plan_lib.plan(student, further)
+    assert [(p.kind, p.teacher_steps, p.student_steps, p.start) for p in phases] == [
+        ("round", 4, 2, 0), ("round", 2, 1, 3)]
+    last = plan_lib.student_model(student, further, phases[-1], "runs/x/students/4")
+    assert (last.distilled_steps, last.guidance_range, last.distilled_from) == (1, (0.0, 4.0), "pretrained:teacher")
+    for overrides, message in [
+        (("distill.start_steps=8",), "progressive student of 4 steps, and its rounds go on from there: set "
+                                     "distill.start_steps=4"),
+        (("distill.start_steps=4", 'distill.prediction="image"'), "predicts velocity, which its rounds keep"),
+        (("distill.start_steps=4", "distill.guidance_max=5"), "distilled for guidance 0 to 4: distill.guidance_min"),
+        (("distill.start_steps=4", "distill.method=consistency"), "is a distilled student \\(4 steps\\)"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            plan_lib.check_teacher(student, "the teacher x", tiny_config(*overrides))
 
 
 # --- sampling a student ------------------------------------------------------------------------------------------

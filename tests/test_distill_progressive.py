@@ -78,12 +78,31 @@ def test_distill_again_has_nothing_to_do_and_a_changed_setting_is_refused(distil
         distill(conditional_workdir, out, overrides=[*settings, "distill.round_steps=3"], log=lambda m: None)
 
 
+def test_a_progressive_student_is_halved_further(distilled, tmp_path):
+    import ddim
+    from ddim.distill import distill
+
+    out, _ = distilled
+    further = [item for item in PROGRESSIVE if not item.startswith("distill.start_steps=")]
+    result = distill(out / "students" / "2", tmp_path / "further", overrides=[*further, "distill.start_steps=2"],
+                     log=lambda message: None)
+    assert (result.start_step, result.final_step, sorted(result.students)) == (0, 2, [1])  # one round, no stage one
+    records = [json.loads(line) for line in (tmp_path / "further" / "distill.jsonl").read_text().splitlines()]
+    assert [record.get("phase") for record in records[1:]] == ["round"]
+    student = ddim.load(tmp_path / "further" / "students" / "1")
+    original = ddim.load(out / "students" / "1").config.model.distilled_from
+    assert student.config.model.distilled_steps == 1 and student.config.model.distilled_from == original
+    assert student.config.name == ddim.load(out / "students" / "2").config.name  # no second "-distilled"
+    assert student.generate(2, seed=0, classes="daisy", guidance=2.0).shape == (2, 16, 16, 3)
+
+
 def test_distill_command_errors_are_one_line(distilled, conditional_workdir, tmp_path):
     out, _ = distilled
     cases = [
         (["distill", "--workdir", conditional_workdir, "--out", tmp_path / "a", "--set", "distill.start_steps=6",
           "--set", "distill.end_steps=4"], "not reachable by halving"),
-        (["distill", "--workdir", out / "students" / "2", "--out", tmp_path / "b"], "is a distilled student"),
+        (["distill", "--workdir", out / "students" / "2", "--out", tmp_path / "b"],
+         "is a progressive student of 2 steps, and its rounds go on from there: set distill.start_steps=2"),
         (["distill", "--out", tmp_path / "c"], "name one teacher"),
         (["sample", "--workdir", out / "students" / "1", "--steps", "2", "--out", tmp_path / "d"],
          "distilled for --steps 1 only"),

@@ -156,8 +156,8 @@ class DistillationRun(RunOutputs):
         early_say = log or say_stderr
         teacher = load(teacher_source)
         check_fits_config(teacher.config, teacher.variables, teacher.path)  # load() leaves it to the first trace
-        plan_lib.check_teacher(teacher.config.model, f"the teacher {teacher_source}")
         config = run_config(teacher.config, config_file, overrides)
+        plan_lib.check_teacher(teacher.config.model, f"the teacher {teacher_source}", config)
         phases = tuple(plan_lib.plan(teacher.config.model, config))
         name = teacher_identity(teacher_source)
         check_teacher_record(workdir, name, teacher.step)

@@ -79,15 +79,33 @@ class Phase:
 
 
 def needs_guidance_stage(teacher: ModelConfig, config: Config) -> bool:
-    """Whether stage one runs: a guidance scale to fold in, or a prediction target to change."""
-    return teacher.class_conditional or teacher.prediction != config.distill.prediction
+    """Whether stage one runs: a guidance scale to fold in (a progressive student takes it as an input already),
+    or a prediction target to change."""
+    return (teacher.class_conditional and not teacher.guidance_input) or teacher.prediction != config.distill.prediction
 
 
-def check_teacher(teacher: ModelConfig, where: str) -> None:
-    """A teacher must be a diffusion model (any step count), not a distilled student; else :class:`ConfigError`."""
-    if teacher.distilled_steps:
-        raise ConfigError(f"{where} is a distilled student ({teacher.distilled_steps} steps), not a diffusion model; "
-                          "distil from the model it was distilled from, or resume its own work directory")
+def check_teacher(teacher: ModelConfig, where: str, config: Config | None = None) -> None:
+    """A teacher is a diffusion model (any step count), or in progressive distillation a progressive student,
+    whose halving rounds go on from its step count (Salimans & Ho 2022: each round's teacher is the last round's
+    student); else :class:`ConfigError`. ``config``: the run's, checked against such a student."""
+    if not teacher.distilled_steps:
+        return
+    steps = teacher.distilled_steps
+    if teacher.distilled_sampler == CONSISTENCY or config is None or config.distill.method == CONSISTENCY:
+        raise ConfigError(f"{where} is a distilled student ({steps} steps), not a diffusion model; distil from the "
+                          "model it was distilled from, or resume its own work directory")
+    d = config.distill
+    if d.start_steps != steps:
+        raise ConfigError(f"{where} is a progressive student of {steps} steps, and its rounds go on from there: set "
+                          f"distill.start_steps={steps}")
+    if d.prediction != teacher.prediction:
+        raise ConfigError(f"{where} is a progressive student that predicts {teacher.prediction}, which its rounds "
+                          f"keep: set distill.prediction=\"{teacher.prediction}\"")
+    if teacher.guidance_input:
+        low, high = teacher.guidance_range
+        if not low <= d.guidance_min <= d.guidance_max <= high:
+            raise ConfigError(f"{where} is a progressive student distilled for guidance {low:g} to {high:g}: "
+                              "distill.guidance_min and distill.guidance_max must lie within them")
 
 
 def plan(teacher: ModelConfig, config: Config) -> list[Phase]:
@@ -128,7 +146,9 @@ def student_model(teacher: ModelConfig, config: Config, phase: Phase, teacher_na
         distilled_steps=phase.student_steps,
         distilled_sampler=CONSISTENCY if consistency else "ddim",
         distilled_step_counts=tuple(sorted(d.student_steps)) if consistency else (),
-        distilled_from=teacher_name,
+        # A student halved further still names the diffusion model at the start of the chain (what it cannot do
+        # itself, such as inverting images, needs that model).
+        distilled_from=(teacher.distilled_from or teacher_name) if teacher.distilled_steps else teacher_name,
     )
 
 

@@ -34,7 +34,9 @@ def check_settings(config_file: str | Path | None = None, overrides=()) -> None:
 
 
 def _distill_values(values: dict, teacher_name: str, config_file) -> dict:
-    values = dict(values, name=f"{teacher_name}-distilled")
+    # A progressive student halved further keeps its run's name rather than gaining a second suffix.
+    name = teacher_name if teacher_name.endswith("-distilled") else f"{teacher_name}-distilled"
+    values = dict(values, name=name)
     if config_file is not None:
         given, _ = named_config.read(config_file)
         extra = sorted(set(given) - {"name", "distill"})
