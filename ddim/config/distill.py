@@ -36,6 +36,13 @@ class DistillConfig:
     """The last round's student step count; start_steps / end_steps must be a power of 2 (rounds halve)."""
     round_steps: int = 2000
     """Optimiser steps per halving round (the reference: 50,000 at batch 128 on TPUs)."""
+    trajectory_steps: int = 0
+    """Progressive: optimiser steps of a last phase ("trajectory") in which the last round's student learns the
+    run's teacher's own guided DDIM path at its grid's times instead of its own teacher's two steps (the image
+    whose DDIM step lands on the path's next point of the student's grid, the path's end at the last), so the
+    rounds' errors stop adding up; the path is banked once as for consistency mid-training (consistency_bank_size
+    trajectories of start_steps steps). 0: none. Its student is ``students/trajectory``. A run stopped or finished
+    before it may add it: the same command with this set goes on from the last round."""
     first_stage_steps: int = 2000
     """Optimiser steps of stage one: the student learns the teacher's guided prediction at start_steps' times,
     with the guidance scale as an input (Meng et al. 2023) and in its own prediction target. Only run when the
@@ -131,9 +138,10 @@ class DistillConfig:
     trajectories of the guided teacher's ODE (its DDIM path on the ``start_steps``-step grid) to the trajectory's
     end, and consistency distillation starts from the mid-trained weights (ddim/distill/plan.py)."""
     consistency_bank_size: int = 2048
-    """Consistency mid-training: the trajectories banked once, before it trains, in ``<out>/trajectories.npz``:
-    ``start_steps`` points each in float16 and the end image, 200 MB for 2048 trajectories of 16 steps at 32x32;
-    the teacher's cost is ``start_steps`` guided passes per trajectory. At least ``batch_size``."""
+    """Consistency mid-training and the trajectory phase: the teacher's trajectories banked once, before they
+    train, in ``<out>/trajectories.npz``: ``start_steps`` points each in float16 and the end image, 200 MB for 2048
+    trajectories of 16 steps at 32x32; the teacher's cost is ``start_steps`` guided passes per trajectory. At
+    least ``batch_size``."""
     seed: int = 0
     """Seed of the data order, noise, times, guidance scales and banked trajectories."""
 
@@ -145,7 +153,8 @@ def validate_distill(d: DistillConfig) -> None:
                  "distill.round_steps": d.round_steps, "distill.batch_size": d.batch_size,
                  "distill.consistency_steps": d.consistency_steps})
     at_least(0, {"distill.first_stage_steps": d.first_stage_steps,
-                 "distill.consistency_midtraining_steps": d.consistency_midtraining_steps})
+                 "distill.consistency_midtraining_steps": d.consistency_midtraining_steps,
+                 "distill.trajectory_steps": d.trajectory_steps})
     choice("distill.prediction", d.prediction, ("velocity", "image"))
     choice("distill.guidance_sampling", d.guidance_sampling, ("uniform", "focused"))
     if d.method == "consistency":
@@ -155,6 +164,12 @@ def validate_distill(d: DistillConfig) -> None:
         if d.consistency_midtraining_steps:
             raise ConfigError(f"distill.consistency_midtraining_steps is for distill.method \"consistency\" "
                               f"(mid-training comes before consistency distillation), not {d.method!r}; set it to 0")
+    if d.trajectory_steps and d.method != "progressive":
+        raise ConfigError(f"distill.trajectory_steps is for distill.method \"progressive\" (it tunes the last "
+                          f"round's student), not {d.method!r}; set it to 0")
+    if d.trajectory_steps and d.consistency_bank_size < d.batch_size:
+        raise ConfigError(f"distill.consistency_bank_size ({d.consistency_bank_size}) must be at least "
+                          f"distill.batch_size ({d.batch_size}): the trajectory phase draws its batches from the bank")
     if not d.learning_rate > 0:
         raise ConfigError(f"distill.learning_rate must be > 0, got {d.learning_rate}")
     if d.grad_clip < 0:

@@ -1,9 +1,11 @@
-"""The trajectory bank of consistency mid-training: the guided teacher's ODE solved once, stored, and drawn from.
+"""The trajectory bank of consistency mid-training and of the trajectory phase: the guided teacher's ODE solved
+once, stored, and drawn from.
 
 Consistency mid-training (:mod:`ddim.distill.targets_consistency`) regresses the student on the points of the
-teacher's trajectories. They are solved once, when mid-training starts, in jitted batches of ``distill.batch_size``
-trajectories, and kept in ``<workdir>/trajectories.npz``, so that a resumed run reads them instead of solving them
-again. The file holds:
+teacher's trajectories, the trajectory phase of progressive distillation on their points at its student's grid
+times (:func:`ddim.distill.targets.trajectory_target`). They are solved once, when that phase starts, in jitted
+batches of ``distill.batch_size`` trajectories, and kept in ``<workdir>/trajectories.npz``, so that a resumed run
+reads them instead of solving them again. The file holds:
 
 - ``states``: float16 ``(K, N, H, W, C)``, trajectory ``k``'s point at ``t_n = n / N`` at ``[k, n - 1]``, in the
   model's normalised units. float16 halves the file (200 MB for 2048 trajectories of 16 steps at 32x32), and its
@@ -177,3 +179,26 @@ def batches(bank: Bank, seed: int, batch_size: int, start_step: int) -> Iterator
         yield {"state": bank.states[trajectories, index - 1].astype(np.float32), "index": index.astype(np.int32),
                "end": bank.ends[trajectories], "label": bank.labels[trajectories],
                "guidance": bank.guidance[trajectories]}
+
+
+def grid_batches(bank: Bank, seed: int, batch_size: int, start_step: int,
+                 student_steps: int) -> Iterator[dict[str, np.ndarray]]:
+    """The trajectory phase's batches from global step ``start_step + 1`` on: ``batch_size`` pairs of a trajectory
+    and a time ``i / student_steps`` of the student's grid (``i`` in ``1..student_steps``, drawn uniformly with the
+    generator of ``(seed, step)``), as ``{"state"`` (the path's point there), ``"next"`` (its point at the grid's
+    next time, the end after the last), ``"index"`` (``i``), ``"label", "guidance"}``. The student's grid must
+    be part of the bank's: ``student_steps`` divides its steps."""
+    size, steps = bank.states.shape[:2]
+    if steps % student_steps:
+        raise ValueError(f"a {student_steps}-step grid is not part of the bank's {steps}-step grid")
+    stride = steps // student_steps
+    for step in itertools.count(start_step + 1):
+        rng = np.random.default_rng((seed % 2**63, step))
+        trajectories = rng.integers(0, size, batch_size)
+        index = rng.integers(1, student_steps + 1, batch_size)
+        states = bank.states[trajectories, index * stride - 1].astype(np.float32)
+        inner = np.maximum(index - 1, 1) * stride - 1  # the path's point at t - 1/N (unused at the last time)
+        following = np.where((index == 1)[:, None, None, None], bank.ends[trajectories],
+                             bank.states[trajectories, inner].astype(np.float32))
+        yield {"state": states, "next": following, "index": index.astype(np.int32),
+               "label": bank.labels[trajectories], "guidance": bank.guidance[trajectories]}

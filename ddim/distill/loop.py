@@ -9,7 +9,8 @@ directory holds::
       students/<N>/checkpoints/  the student of every finished phase, N its step count (or ``consistency``, the one
                                  consistency student, or ``midtraining``, the mid-trained weights it starts from): a
                                  work directory of its own (ddim sample --workdir <workdir>/students/4)
-      trajectories.npz           consistency mid-training's banked teacher trajectories (:mod:`ddim.distill.bank`)
+      trajectories.npz           the teacher's banked trajectories: consistency mid-training's, the trajectory
+                                 phase's (:mod:`ddim.distill.bank`)
       distill.jsonl              the teacher, and the optimiser steps and seconds of every stretch of training
                                  (and what it ran on: the backend, which kernels ran the convolutions)
       samples/, tensorboard/, data_cache/   as for ddim train
@@ -40,7 +41,7 @@ from ddim.checkpoint.ema import check_fits_config
 from ddim.config import Config
 from ddim.distill import bank as bank_lib
 from ddim.distill import plan as plan_lib
-from ddim.distill.plan import CONSISTENCY, MIDTRAINING, Phase
+from ddim.distill.plan import CONSISTENCY, MIDTRAINING, TRAJECTORY, Phase
 from ddim.distill.settings import check_settings, check_teacher_record, run_config, teacher_identity
 from ddim.distill.step import StepSettings, compiled_step, create_student_state
 from ddim.environment import run_fields
@@ -209,11 +210,18 @@ class DistillationRun(RunOutputs):
         for batch in bank_lib.batches(bank, d.seed, d.batch_size, start_step):
             yield parallel.global_batch(batch, self.mesh)
 
+    def trajectory_batches(self, bank: bank_lib.Bank, student_steps: int,
+                           start_step: int) -> Iterator[dict[str, jax.Array]]:
+        """Global batches of banked points at the student's grid times (:func:`ddim.distill.bank.grid_batches`)."""
+        d = self.config.distill
+        for batch in bank_lib.grid_batches(bank, d.seed, d.batch_size, start_step, student_steps):
+            yield parallel.global_batch(batch, self.mesh)
+
     def teacher_of(self, phase: Phase) -> tuple[DiffusionModel, dict[str, Any]]:
         """A round's teacher is the previous phase's student; every other phase's (consistency distillation's after
-        mid-training too) is the run's."""
+        mid-training, and the trajectory phase's, whose bank it solves, too) is the run's."""
         index = self.phases.index(phase)
-        if index == 0 or phase.kind in (CONSISTENCY, MIDTRAINING):
+        if index == 0 or phase.kind in (CONSISTENCY, MIDTRAINING, TRAJECTORY):
             return self.teacher_model, self.teacher_variables
         previous = load_ema(self.student_dir(self.phases[index - 1]))
         return DiffusionModel(previous.config.model), previous.variables
@@ -234,22 +242,26 @@ class DistillationRun(RunOutputs):
         batches = self.batches
         if phase.kind == MIDTRAINING:
             batches = functools.partial(self.midtraining_batches, self.trajectory_bank(phase))
+        elif phase.kind == TRAJECTORY:
+            batches = functools.partial(self.trajectory_batches, self.trajectory_bank(phase), phase.student_steps)
         return PhaseJob(phase, config, student, parallel.replicate(teacher_variables, self.mesh), step_fn, batches)
 
     def first_state(self, job: PhaseJob) -> TrainState:
-        """A phase's first state: its teacher's weights (after mid-training, the mid-trained student's), a fresh
-        optimiser and weight average (:func:`create_student_state`)."""
+        """A phase's first state: its teacher's weights (after mid-training, the mid-trained student's; in the
+        trajectory phase, the last round's student's), a fresh optimiser and weight average
+        (:func:`create_student_state`)."""
         phase = job.phase
         index = self.phases.index(phase)
         weights = job.teacher_variables
-        if phase.kind == CONSISTENCY and index > 0:
+        if phase.kind in (CONSISTENCY, TRAJECTORY) and index > 0:
             weights = load_ema(self.student_dir(self.phases[index - 1])).variables
         return create_student_state(job.student, weights, self.config, phase,
                                     jax.random.fold_in(self.rng, phase.start), self.mesh)
 
     def trajectory_bank(self, phase: Phase) -> bank_lib.Bank:
-        """Mid-training's banked trajectories: read from the work directory, or solved and stored there (when
-        missing, or made with other settings); the solving's seconds count to ``phase`` in ``distill.jsonl``."""
+        """The banked trajectories of mid-training and of the trajectory phase: read from the work directory, or
+        solved and stored there (when missing, or made with other settings); the solving's seconds count to
+        ``phase`` in ``distill.jsonl``."""
         settings = bank_lib.BankSettings.of(self.config, self.teacher_name, self.teacher_step, self.teacher_model)
         path = Workdir(self.workdir).trajectories
         bank, why = bank_lib.load(path, settings)
@@ -361,17 +373,28 @@ class DistillationRun(RunOutputs):
         self._export(phase, state)
 
 
+TRAJECTORY_SETTINGS = ("trajectory_steps", "consistency_bank_size")
+"""What only the trajectory phase of a progressive run reads: a run stopped or finished before that phase may add it,
+or change it, and go on."""
+
+
 def _resume(checkpointer: Checkpointer, config: Config, teacher, phases, mesh, warn) -> Resumed:
-    """The state and step of the newest intact checkpoint, checked against this run's settings."""
+    """The state and step of the newest intact checkpoint, checked against this run's settings (those of a
+    trajectory phase not begun yet may differ)."""
+    rounds_end = phases[-1].start if phases[-1].kind == TRAJECTORY else phases[-1].end
 
     def restore(step: int):
         stored = checkpointer.restore_config(step)
-        if stored.distill != config.distill:
+        compared = stored.distill
+        if config.distill.method == "progressive" and step <= rounds_end:
+            compared = dataclasses.replace(compared, **{name: getattr(config.distill, name)
+                                                        for name in TRAJECTORY_SETTINGS})
+        if compared != config.distill:
             changed = next(f.name for f in dataclasses.fields(config.distill)
-                           if getattr(stored.distill, f.name) != getattr(config.distill, f.name))
+                           if getattr(compared, f.name) != getattr(config.distill, f.name))
             raise TrainingError(f"cannot resume {checkpointer.directory.parent}: distill.{changed} is "
                                 f"{getattr(config.distill, changed)!r} but the run was started with "
-                                f"{getattr(stored.distill, changed)!r}; run the same command, or use another --workdir")
+                                f"{getattr(compared, changed)!r}; run the same command, or use another --workdir")
         phase = next(p for p in phases if p.start < step <= p.end)
         student = DiffusionModel(plan_lib.student_model(teacher, config, phase))
         # Any variables of the student's structure: the restore replaces their values.

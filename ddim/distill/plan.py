@@ -7,7 +7,11 @@ Progressive distillation (``distill.method = "progressive"``):
   student: the student learns the teacher's guided prediction with the guidance scale as an input (Meng et al.
   2023), at the times of the teacher's ``start_steps``-step grid; its student samples in ``start_steps`` steps;
 - then one halving round (``"round"``) per factor 2 from ``start_steps`` down to ``end_steps`` (Salimans & Ho
-  2022, Algorithm 2), each student starting from its teacher's weights.
+  2022, Algorithm 2), each student starting from its teacher's weights;
+- with ``distill.trajectory_steps``, a last phase (``"trajectory"``): the last round's student learns the run's
+  teacher's own guided DDIM path, banked once (:mod:`ddim.distill.bank`), at its grid's times, instead of the two
+  steps of its own teacher, a student itself: the exact path the chain started from, as Luhman & Luhman 2021 teach
+  a student the teacher's ODE solutions. Its student is ``students/trajectory``.
 
 Consistency distillation (``"consistency"``) is one phase whose student, started from the teacher's weights,
 learns the consistency function of the teacher's guided probability-flow ODE, at continuous noise levels with a
@@ -33,6 +37,9 @@ GUIDANCE_STAGE = "guidance"
 ROUND = "round"
 CONSISTENCY = "consistency"
 MIDTRAINING = "midtraining"
+TRAJECTORY = "trajectory"
+BANKED = (MIDTRAINING, TRAJECTORY)
+"""The phases that train on the teacher's banked trajectories instead of images."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,8 @@ class Phase:
     end: int
     grid_steps: int
     """The steps of the uniform grid whose times are trained: the student's in a round, the teacher's
-    ``start_steps`` in stage one, in consistency mid-training and in consistency distillation."""
+    ``start_steps`` in stage one, in consistency mid-training and in consistency distillation (the trajectory
+    phase: the banked path's, at the student's times)."""
 
     @property
     def teacher_steps(self) -> int:
@@ -60,8 +68,9 @@ class Phase:
     @property
     def student_name(self) -> str:
         """The student's folder under ``students/``: its step count, or ``consistency`` (one student, several
-        counts), or ``midtraining`` (the weights consistency distillation starts from)."""
-        return self.kind if self.kind in (CONSISTENCY, MIDTRAINING) else str(self.student_steps)
+        counts), ``midtraining`` (the weights consistency distillation starts from) or ``trajectory`` (the last
+        round's student tuned on the teacher's path)."""
+        return self.kind if self.kind in (CONSISTENCY, MIDTRAINING, TRAJECTORY) else str(self.student_steps)
 
     @property
     def delivers_student(self) -> bool:
@@ -75,6 +84,8 @@ class Phase:
             return "consistency distillation"
         if self.kind == MIDTRAINING:
             return f"consistency mid-training on the teacher's {self.grid_steps}-step trajectories"
+        if self.kind == TRAJECTORY:
+            return (f"the {self.student_steps}-step student on the teacher's {self.grid_steps}-step trajectories")
         return f"round {self.teacher_steps} -> {self.student_steps} step{'s' if self.student_steps > 1 else ''}"
 
 
@@ -91,6 +102,9 @@ def check_teacher(teacher: ModelConfig, where: str, config: Config | None = None
     if not teacher.distilled_steps:
         return
     steps = teacher.distilled_steps
+    if config is not None and config.distill.trajectory_steps:
+        raise ConfigError(f"{where} is a distilled student ({steps} steps), and distill.trajectory_steps banks the "
+                          "diffusion model's own path: distil from that model, or set distill.trajectory_steps=0")
     if teacher.distilled_sampler == CONSISTENCY or config is None or config.distill.method == CONSISTENCY:
         raise ConfigError(f"{where} is a distilled student ({steps} steps), not a diffusion model; distil from the "
                           "model it was distilled from, or resume its own work directory")
@@ -127,6 +141,8 @@ def plan(teacher: ModelConfig, config: Config) -> list[Phase]:
         phases.append(Phase(ROUND, steps, step, step + d.round_steps, steps))
         step += d.round_steps
         steps //= 2
+    if d.trajectory_steps:
+        phases.append(Phase(TRAJECTORY, d.end_steps, step, step + d.trajectory_steps, d.start_steps))
     return phases
 
 

@@ -23,7 +23,7 @@ from ddim import compilation, diffusion, ops, parallel
 from ddim.config import Config, ConfigError, DistillConfig
 from ddim.distill import targets
 from ddim.distill import targets_consistency as consistency
-from ddim.distill.plan import CONSISTENCY, GUIDANCE_STAGE, MIDTRAINING, Phase
+from ddim.distill.plan import CONSISTENCY, GUIDANCE_STAGE, MIDTRAINING, TRAJECTORY, Phase
 from ddim.model import DiffusionModel, bind_denoiser, init_variables, normalize
 from ddim.train.state import TrainState, class_condition, to_float, update_ema
 
@@ -208,6 +208,27 @@ def midtraining_step(state: TrainState, teacher_variables, batch, rng, settings:
     return optimiser_step(state, loss_fn, settings)
 
 
+def trajectory_step(state: TrainState, teacher_variables, batch, rng, settings: StepSettings):
+    """One optimiser step of the trajectory phase on banked points ``{"state", "next", "index", "label",
+    "guidance"}`` (:func:`ddim.distill.bank.grid_batches`): the student's image prediction at each point, a time
+    ``index / N`` of its ``N``-step grid, against :func:`~ddim.distill.targets.trajectory_target` (the image whose
+    DDIM step lands on the path's next point, the path's end at the last time), with the truncated-SNR weighting
+    of the rounds. The bank holds everything: ``teacher_variables`` and ``rng`` are unused, as in mid-training."""
+    student_steps = settings.student.config.distilled_steps
+    times = (batch["index"].astype(jnp.float32) / student_steps).reshape(-1, 1, 1, 1)
+    schedule = settings.student.objective.schedule
+    rates_t, rates_s = schedule(times), schedule(times - 1.0 / student_steps)
+    target = targets.trajectory_target(batch["state"], rates_t, batch["next"], rates_s, batch["index"] == 1)
+    cond = {"label": batch["label"], "guidance": batch["guidance"]} if settings.conditional else None
+
+    def loss_fn(params):
+        denoise = bind_denoiser(settings.student, {"params": params, "batch_stats": state.batch_stats})
+        _, predicted = denoise(batch["state"], *rates_t, cond)
+        return targets.truncated_snr_loss(predicted, target, *rates_t)
+
+    return optimiser_step(state, loss_fn, settings)
+
+
 def optimiser_step(state: TrainState, loss_fn, settings: StepSettings):
     """``loss_fn``'s gradient at the student's weights applied, then the weight average; ``(state, {"loss"})``."""
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
@@ -293,9 +314,9 @@ def tangent_loss_fn(settings: StepSettings, state: TrainState, teach, student, i
 
 @functools.cache
 def compiled_step(settings: StepSettings, mesh):
-    """:func:`distill_step` (:func:`midtraining_step` in mid-training) jitted for ``settings`` over ``mesh``; the
-    old state is donated."""
+    """:func:`distill_step` (:func:`midtraining_step` in mid-training, :func:`trajectory_step` in the trajectory
+    phase) jitted for ``settings`` over ``mesh``; the old state is donated."""
     replicated = parallel.replicated(mesh)
-    step = midtraining_step if settings.kind == MIDTRAINING else distill_step
+    step = {MIDTRAINING: midtraining_step, TRAJECTORY: trajectory_step}.get(settings.kind, distill_step)
     return jax.jit(functools.partial(step, settings=settings), donate_argnums=(0,),
                    out_shardings=(replicated, replicated))

@@ -10,6 +10,9 @@ last time.
   image prediction is :func:`one_step_target`. At the grid's last time the sample is the prediction itself, so
   the target there is the teacher's image prediction after its first step, the sample of its ``2N``-step run (as
   the reference code, ``jnp.where(i == 0, x_pred, x_target)``).
+- On the teacher's own path (Luhman & Luhman 2021 teach a student the teacher's ODE solutions): from a point
+  ``z_t`` of the teacher's banked DDIM path at a time of the student's grid, :func:`trajectory_target`, the image
+  whose one step lands on the path's point at the grid's next time, or at its last time the path's end.
 - Guided distillation, stage one (Meng et al. 2023, eq. 6-7): the student, given the guidance scale ``w``,
   learns the teacher's guided prediction ``x_c + (w - 1)(x_c - x_u)`` in one network pass.
 - Both use the truncated-SNR weighting of the image's squared error, ``max(SNR, 1)`` (Salimans & Ho 2022,
@@ -75,6 +78,13 @@ def progressive_target(teacher: Denoise, schedule: Callable, z_t, index, t, stud
     target = one_step_target(z_t, schedule(t), z_s, schedule(t - step_size))
     last = (index == 1).reshape(-1, 1, 1, 1)
     return jnp.where(last, mid_images, target)
+
+
+def trajectory_target(z_t, rates_t, z_s, rates_s, last):
+    """The image a student should predict at ``z_t``, a point of the teacher's path at a time of the student's
+    grid: where ``last`` (the grid's last time, ``(B,)``) the path's end ``z_s`` itself, the sample; elsewhere the
+    :func:`one_step_target` that lands on the path's point ``z_s`` at the grid's next time."""
+    return jnp.where(last.reshape(-1, 1, 1, 1), z_s, one_step_target(z_t, rates_t, z_s, rates_s))
 
 
 def truncated_snr_loss(pred_images, target_images, noise_rates, signal_rates):

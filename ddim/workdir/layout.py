@@ -16,7 +16,7 @@ everything later commands add to it::
       train.lock            held while ddim train runs
       students/<N>/         ddim distill's students, each a work directory of its own
       distill.jsonl         ddim distill's teacher and stretches of training
-      trajectories.npz      ddim distill's banked teacher trajectories (consistency mid-training)
+      trajectories.npz      ddim distill's banked teacher trajectories (mid-training, trajectory phase)
 """
 
 from __future__ import annotations

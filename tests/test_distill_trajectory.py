@@ -1,0 +1,169 @@
+"""The trajectory phase of progressive distillation (``distill.trajectory_steps``): the plan, the target against
+the DDIM step it must make, the bank's draws at the student's grid times, a run end to end, a finished run that adds
+it, and bad settings."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ddim import diffusion
+from ddim.distill import bank as bank_lib
+from ddim.distill import plan as plan_lib
+from ddim.distill import targets
+from ddim.model import DiffusionModel
+from ddim.objective import Objective
+from tests.conftest import tiny_config
+from tests.distill_helpers import each_one_error_line, tiny_teacher
+
+
+def test_the_trajectory_phase_comes_after_the_last_round_and_samples_as_its_student():
+    teacher = tiny_config("model.class_conditional=true", "model.prediction=velocity").model
+    config = tiny_config("distill.start_steps=8", "distill.end_steps=2", "distill.first_stage_steps=3",
+                         "distill.round_steps=4", "distill.trajectory_steps=5")
+    phases = plan_lib.plan(teacher, config)
+    assert [(p.kind, p.student_steps, p.start, p.end, p.grid_steps) for p in phases] == [
+        ("guidance", 8, 0, 3, 8), ("round", 4, 3, 7, 4), ("round", 2, 7, 11, 2), ("trajectory", 2, 11, 16, 8)]
+    last_round, final = phases[-2:]
+    assert (final.student_name, final.delivers_student) == ("trajectory", True)
+    assert final.describe() == "the 2-step student on the teacher's 8-step trajectories"
+    # The same network, steps and sampler as the round's student, which it starts from.
+    assert plan_lib.student_model(teacher, config, final) == plan_lib.student_model(teacher, config, last_round)
+    without = tiny_config("distill.start_steps=8", "distill.end_steps=2", "distill.first_stage_steps=3",
+                          "distill.round_steps=4")
+    assert [p.kind for p in plan_lib.plan(teacher, without)] == ["guidance", "round", "round"]
+
+
+def test_a_prediction_at_the_trajectory_target_steps_onto_the_paths_next_point_and_ends_at_its_end():
+    schedule = Objective.of(tiny_config().model).schedule
+    rng = np.random.default_rng(0)
+    z_t, z_s = (jnp.asarray(rng.normal(size=(2, 4, 4, 3)), jnp.float32) for _ in range(2))
+    t = jnp.array([1.0, 0.5]).reshape(-1, 1, 1, 1)  # a 2-step grid: its first time, then its last
+    rates_t, rates_s = schedule(t), schedule(t - 0.5)
+    target = targets.trajectory_target(z_t, rates_t, z_s, rates_s, jnp.array([False, True]))
+    # The DDIM step (eq. 12, eta 0) with the target as its image prediction lands on the path's next point ...
+    noise = (z_t[:1] - rates_t[1][:1] * target[:1]) / rates_t[0][:1]
+    landed = diffusion.ddim_step(target[:1], noise, rates_s[0][:1], rates_s[1][:1])
+    np.testing.assert_allclose(np.asarray(landed), np.asarray(z_s[:1]), atol=1e-4)
+    # ... and at the grid's last time the prediction is the sample: the path's end itself.
+    np.testing.assert_array_equal(np.asarray(target[1]), np.asarray(z_s[1]))
+
+
+def test_the_grid_batches_hold_the_paths_points_at_the_students_times_and_resume_exactly():
+    size, steps, shape = 5, 4, (4, 4, 3)
+    rng = np.random.default_rng(1)
+    bank = bank_lib.Bank(rng.normal(size=(size, steps, *shape)).astype(np.float16),
+                         rng.normal(size=(size, *shape)).astype(np.float32), np.arange(size, dtype=np.int32),
+                         np.linspace(1.0, 3.0, size).astype(np.float32))
+    draws = bank_lib.grid_batches(bank, 0, 6, 0, 2)
+    first, second, third = next(draws), next(draws), next(draws)
+    resumed = next(bank_lib.grid_batches(bank, 0, 6, 2, 2))
+    assert all(np.array_equal(third[key], resumed[key]) for key in third)
+    assert not all(np.array_equal(first[key], second[key]) for key in first)
+    assert set(first) == {"state", "next", "index", "label", "guidance"}
+    for batch in (first, second, third):
+        for i, index in enumerate(batch["index"]):
+            k = int(batch["label"][i])  # the labels number the trajectories here
+            assert batch["guidance"][i] == bank.guidance[k]
+            # The student's time index/2 is the bank's point 2 * index of 4: at [k, 2 * index - 1].
+            np.testing.assert_array_equal(batch["state"][i], bank.states[k, 2 * index - 1].astype(np.float32))
+            following = bank.ends[k] if index == 1 else bank.states[k, 1].astype(np.float32)
+            np.testing.assert_array_equal(batch["next"][i], following)
+    assert {1, 2} <= set(np.concatenate([first["index"], second["index"], third["index"]]).tolist())
+    with pytest.raises(ValueError, match="not part of the bank's 4-step grid"):
+        next(bank_lib.grid_batches(bank, 0, 6, 0, 3))
+
+
+TRAJECTORY = ["distill.start_steps=4", "distill.end_steps=2", "distill.first_stage_steps=2", "distill.round_steps=2",
+              "distill.trajectory_steps=3", "distill.consistency_bank_size=6", "distill.batch_size=4",
+              "train.eval_every=0", "train.checkpoint_every=100"]
+
+
+def test_a_run_with_the_trajectory_phase_tunes_the_last_rounds_student_on_the_banked_path(conditional_workdir,
+                                                                                          tmp_path):
+    from ddim.checkpoint import load_ema
+    from ddim.distill import distill, loop
+
+    lines, starts = [], {}
+    real_state = loop.create_student_state
+
+    def recording(student, weights, config, phase, *args):
+        starts[phase.kind] = jax.device_get(weights["params"])
+        return real_state(student, weights, config, phase, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "create_student_state", recording)
+        result = distill(conditional_workdir, tmp_path, overrides=TRAJECTORY, log=lines.append)
+    students = tmp_path / "students"
+    assert result.final_step == 7
+    assert result.students == {4: students / "4", 2: students / "trajectory"}
+    tuned, round_student = load_ema(students / "trajectory"), load_ema(students / "2")
+    assert tuned.step == 7 and tuned.config.model == round_student.config.model
+    assert tuned.config.model.distilled_steps == 2
+    # It starts from the round's student and moves away from it.
+    jax.tree.map(np.testing.assert_array_equal, starts["trajectory"], round_student.variables["params"])
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), tuned.variables["params"],
+                                         round_student.variables["params"]))
+    assert max(moved) > 0
+    assert any(line.startswith("banked 6 trajectories in") for line in lines)
+    records = [json.loads(line) for line in (tmp_path / "distill.jsonl").read_text().splitlines()[1:]]
+    # Stage one and the round of 2 steps each, then the bank's solving and the trajectory phase's 3 steps.
+    assert [(r["phase"], r["from_step"], r["to_step"]) for r in records] == [
+        ("guidance", 0, 2), ("round", 2, 4), ("trajectory", 4, 4), ("trajectory", 4, 7)]
+    with np.load(tmp_path / "trajectories.npz") as stored:  # the teacher's 4-step path, not a student's 2
+        assert stored["states"].shape == (6, 4, 16, 16, 3)
+
+
+def test_a_finished_run_adds_the_trajectory_phase_and_refuses_other_changes(conditional_workdir, tmp_path):
+    from ddim.distill import distill
+    from ddim.errors import UserError
+
+    rounds = [setting for setting in TRAJECTORY if not setting.startswith("distill.trajectory_steps")]
+    finished = distill(conditional_workdir, tmp_path, overrides=rounds, log=lambda line: None)
+    assert finished.final_step == 4 and finished.students[2] == tmp_path / "students" / "2"
+    with pytest.raises(UserError, match="distill.round_steps is 3 but the run was started with 2"):
+        distill(conditional_workdir, tmp_path, overrides=[*TRAJECTORY, "distill.round_steps=3"], log=lambda line: None)
+    extended = distill(conditional_workdir, tmp_path, overrides=TRAJECTORY, log=lambda line: None)
+    assert (extended.start_step, extended.final_step) == (4, 7)
+    assert extended.students[2] == tmp_path / "students" / "trajectory"
+
+
+def test_a_trajectory_step_lowers_the_loss_on_a_fixed_batch():
+    from ddim.distill.step import StepSettings, create_student_state, trajectory_step
+
+    config = tiny_config("model.class_conditional=true", "model.num_classes=4", "model.prediction=velocity",
+                         "distill.start_steps=4", "distill.end_steps=2", "distill.trajectory_steps=100",
+                         "distill.learning_rate=2e-3", "distill.round_steps=1", "distill.first_stage_steps=1")
+    _, teacher, variables = tiny_teacher("model.class_conditional=true", "model.num_classes=4",
+                                         "model.prediction=velocity", scale=0.1)
+    phase = plan_lib.plan(teacher.config, config)[-1]
+    student = DiffusionModel(plan_lib.student_model(teacher.config, config, phase))
+    state = create_student_state(student, variables, config, phase, jax.random.key(0))
+    settings = StepSettings.of(student, teacher, config, phase)
+    rng = np.random.default_rng(2)
+    batch = {"state": rng.normal(size=(4, 16, 16, 3)).astype(np.float32),
+             "next": rng.normal(size=(4, 16, 16, 3)).astype(np.float32), "index": np.array([1, 2, 1, 2], np.int32),
+             "label": np.array([0, 1, -1, 3], np.int32), "guidance": np.array([1.0, 2.0, 3.0, 1.5], np.float32)}
+    step = jax.jit(lambda s: trajectory_step(s, None, batch, None, settings))
+    losses = []
+    for _ in range(16):
+        state, metrics = step(state)
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < 0.85 * losses[0], losses
+
+
+def test_bad_trajectory_settings_are_one_error_line_before_anything_is_written(conditional_workdir, tmp_path):
+    teacher = ["distill", "--workdir", conditional_workdir]
+    cases = [
+        ([*teacher, "--out", tmp_path / "a", "--set", "distill.trajectory_steps=-1"],
+         "distill.trajectory_steps must be >= 0, got -1"),
+        ([*teacher, "--out", tmp_path / "b", "--method", "consistency", "--set", "distill.trajectory_steps=5"],
+         "distill.trajectory_steps is for distill.method \"progressive\""),
+        ([*teacher, "--out", tmp_path / "c", "--set", "distill.trajectory_steps=5", "--set",
+          "distill.consistency_bank_size=8", "--set", "distill.batch_size=16"],
+         "distill.consistency_bank_size (8) must be at least distill.batch_size (16)"),
+    ]
+    each_one_error_line(cases)
+    assert not any((tmp_path / name).exists() for name in "abc")
