@@ -36,6 +36,19 @@ def test_the_trajectory_phase_comes_after_the_last_round_and_samples_as_its_stud
     assert [p.kind for p in plan_lib.plan(teacher, without)] == ["guidance", "round", "round"]
 
 
+def test_a_student_teacher_is_refused_the_trajectory_phase_which_banks_a_diffusion_models_path():
+    import dataclasses
+
+    from ddim.config import ConfigError
+
+    teacher = tiny_config("model.class_conditional=true", "model.prediction=velocity").model
+    config = tiny_config("distill.start_steps=4", "distill.end_steps=2", "distill.trajectory_steps=5")
+    student = plan_lib.student_model(teacher, config, plan_lib.plan(teacher, config)[-1])
+    halving = dataclasses.replace(config, distill=dataclasses.replace(config.distill, start_steps=2, end_steps=1))
+    with pytest.raises(ConfigError, match="distill.trajectory_steps banks the diffusion model's own path"):
+        plan_lib.check_teacher(student, "the teacher runs/x/students/2", halving)
+
+
 def test_a_prediction_at_the_trajectory_target_steps_onto_the_paths_next_point_and_ends_at_its_end():
     schedule = Objective.of(tiny_config().model).schedule
     rng = np.random.default_rng(0)

@@ -38,8 +38,6 @@ ROUND = "round"
 CONSISTENCY = "consistency"
 MIDTRAINING = "midtraining"
 TRAJECTORY = "trajectory"
-BANKED = (MIDTRAINING, TRAJECTORY)
-"""The phases that train on the teacher's banked trajectories instead of images."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ class Phase:
         if self.kind == MIDTRAINING:
             return f"consistency mid-training on the teacher's {self.grid_steps}-step trajectories"
         if self.kind == TRAJECTORY:
-            return (f"the {self.student_steps}-step student on the teacher's {self.grid_steps}-step trajectories")
+            return f"the {self.student_steps}-step student on the teacher's {self.grid_steps}-step trajectories"
         return f"round {self.teacher_steps} -> {self.student_steps} step{'s' if self.student_steps > 1 else ''}"
 
 
