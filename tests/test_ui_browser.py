@@ -28,10 +28,13 @@ class Page:
     """What the tests do on the page: open tabs, fill fields, upload, paint, click, wait for what appears."""
 
     def __init__(self, driver):
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.support.ui import WebDriverWait
 
         self.driver = driver
-        self.wait = WebDriverWait(driver, 240, poll_frequency=0.05)
+        # The page re-renders lists (a dropdown's options) while a condition reads them: look again, not fail.
+        self.wait = WebDriverWait(driver, 240, poll_frequency=0.05,
+                                  ignored_exceptions=(StaleElementReferenceException,))
         self.wait.until(lambda d: d.find_elements("id", "header"))
 
     def element(self, element_id):
