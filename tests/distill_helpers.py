@@ -73,6 +73,26 @@ def sample_images(model, variables, steps, cond=None, count=32, sampler="ddim"):
     return np.asarray(process.generate(model, variables, jax.random.key(7), count, spec, cond=cond))
 
 
+def distil_recording_starts(teacher_dir, out, overrides):
+    """``ddim distill``'s function on ``teacher_dir`` into ``out``: ``(result, log lines, starts)``, ``starts`` the
+    weights each phase's first state was made from, by phase kind."""
+    import pytest
+
+    from ddim.distill import distill, loop
+
+    lines, starts = [], {}
+    real_state = loop.create_student_state
+
+    def recording(student, weights, config, phase, *args):
+        starts[phase.kind] = jax.device_get(weights["params"])
+        return real_state(student, weights, config, phase, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "create_student_state", recording)
+        result = distill(teacher_dir, out, overrides=overrides, log=lines.append)
+    return result, lines, starts
+
+
 def _ddim(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "ddim.cli", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd)

@@ -16,7 +16,7 @@ from ddim.distill import targets_consistency as consistency
 from ddim.sampling import process
 from ddim.spec import SamplingSpec
 from tests.conftest import tiny_config
-from tests.distill_helpers import each_one_error_line, stop_at_call, tiny_teacher
+from tests.distill_helpers import distil_recording_starts, each_one_error_line, stop_at_call, tiny_teacher
 
 
 def test_midtraining_is_a_phase_before_consistency_distillation_and_the_steps_count_on():
@@ -129,18 +129,8 @@ MIDTRAINING = ["distill.method=consistency", "distill.start_steps=4", "distill.s
 def midtrained(conditional_workdir, tmp_path_factory):
     """The tiny class-conditional model distilled with 3 steps of mid-training, then 2 of consistency distillation;
     the weights each phase started from."""
-    from ddim.distill import distill, loop
-
-    out, lines, starts = tmp_path_factory.mktemp("midtrained"), [], {}
-    real_state = loop.create_student_state
-
-    def recording(student, weights, config, phase, *args):
-        starts[phase.kind] = jax.device_get(weights["params"])
-        return real_state(student, weights, config, phase, *args)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "create_student_state", recording)
-        result = distill(conditional_workdir, out, overrides=MIDTRAINING, log=lines.append)
+    out = tmp_path_factory.mktemp("midtrained")
+    result, lines, starts = distil_recording_starts(conditional_workdir, out, MIDTRAINING)
     return out, result, lines, starts
 
 

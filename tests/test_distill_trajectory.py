@@ -16,7 +16,7 @@ from ddim.distill import targets
 from ddim.model import DiffusionModel
 from ddim.objective import Objective
 from tests.conftest import tiny_config
-from tests.distill_helpers import each_one_error_line, tiny_teacher
+from tests.distill_helpers import distil_recording_starts, each_one_error_line, tiny_teacher
 
 
 def test_the_trajectory_phase_comes_after_the_last_round_and_samples_as_its_student():
@@ -97,18 +97,8 @@ TRAJECTORY = ["distill.start_steps=4", "distill.end_steps=2", "distill.first_sta
 def test_a_run_with_the_trajectory_phase_tunes_the_last_rounds_student_on_the_banked_path(conditional_workdir,
                                                                                           tmp_path):
     from ddim.checkpoint import load_ema
-    from ddim.distill import distill, loop
 
-    lines, starts = [], {}
-    real_state = loop.create_student_state
-
-    def recording(student, weights, config, phase, *args):
-        starts[phase.kind] = jax.device_get(weights["params"])
-        return real_state(student, weights, config, phase, *args)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "create_student_state", recording)
-        result = distill(conditional_workdir, tmp_path, overrides=TRAJECTORY, log=lines.append)
+    result, lines, starts = distil_recording_starts(conditional_workdir, tmp_path, TRAJECTORY)
     students = tmp_path / "students"
     assert result.final_step == 7
     assert result.students == {4: students / "4", 2: students / "trajectory"}
