@@ -128,9 +128,31 @@ def test_a_finished_run_adds_the_trajectory_phase_and_refuses_other_changes(cond
     assert finished.final_step == 4 and finished.students[2] == tmp_path / "students" / "2"
     with pytest.raises(UserError, match="distill.round_steps is 3 but the run was started with 2"):
         distill(conditional_workdir, tmp_path, overrides=[*TRAJECTORY, "distill.round_steps=3"], log=lambda line: None)
-    extended = distill(conditional_workdir, tmp_path, overrides=TRAJECTORY, log=lambda line: None)
+    # The phase's own settings may be chosen when it is added.
+    extended = distill(conditional_workdir, tmp_path, overrides=[*TRAJECTORY, "distill.trajectory_learning_rate=3e-4"],
+                       log=lambda line: None)
     assert (extended.start_step, extended.final_step) == (4, 7)
     assert extended.students[2] == tmp_path / "students" / "trajectory"
+
+
+def test_the_trajectory_phase_starts_at_its_own_learning_rate_and_the_rounds_at_theirs():
+    from ddim.distill.step import optimizer
+
+    teacher = tiny_config("model.class_conditional=true", "model.prediction=velocity").model
+    config = tiny_config("distill.start_steps=4", "distill.end_steps=2", "distill.trajectory_steps=5",
+                         "distill.learning_rate=3e-3", "distill.trajectory_learning_rate=5e-4")
+
+    def first_step_size(phase):  # Adam's first step moves each weight by its learning rate, whatever the gradient
+        tx = optimizer(config.distill, phase)
+        params = jnp.zeros(3)
+        updates, _ = tx.update(jnp.array([0.2, -4.0, 1.0]), tx.init(params), params)
+        return np.abs(np.asarray(updates))
+
+    *rounds, final = plan_lib.plan(teacher, config)
+    assert final.kind == "trajectory"
+    for phase in rounds:
+        np.testing.assert_allclose(first_step_size(phase), 3e-3, rtol=1e-4)
+    np.testing.assert_allclose(first_step_size(final), 5e-4, rtol=1e-4)
 
 
 def test_a_trajectory_step_lowers_the_loss_on_a_fixed_batch():
@@ -138,7 +160,8 @@ def test_a_trajectory_step_lowers_the_loss_on_a_fixed_batch():
 
     config = tiny_config("model.class_conditional=true", "model.num_classes=4", "model.prediction=velocity",
                          "distill.start_steps=4", "distill.end_steps=2", "distill.trajectory_steps=100",
-                         "distill.learning_rate=2e-3", "distill.round_steps=1", "distill.first_stage_steps=1")
+                         "distill.trajectory_learning_rate=2e-3", "distill.round_steps=1",
+                         "distill.first_stage_steps=1")
     _, teacher, variables = tiny_teacher("model.class_conditional=true", "model.num_classes=4",
                                          "model.prediction=velocity", scale=0.1)
     phase = plan_lib.plan(teacher.config, config)[-1]
@@ -167,6 +190,8 @@ def test_bad_trajectory_settings_are_one_error_line_before_anything_is_written(c
         ([*teacher, "--out", tmp_path / "c", "--set", "distill.trajectory_steps=5", "--set",
           "distill.consistency_bank_size=8", "--set", "distill.batch_size=16"],
          "distill.consistency_bank_size (8) must be at least distill.batch_size (16)"),
+        ([*teacher, "--out", tmp_path / "d", "--set", "distill.trajectory_steps=5", "--set",
+          "distill.trajectory_learning_rate=0"], "distill.trajectory_learning_rate must be > 0, got 0"),
     ]
     each_one_error_line(cases)
-    assert not any((tmp_path / name).exists() for name in "abc")
+    assert not any((tmp_path / name).exists() for name in "abcd")

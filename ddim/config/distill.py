@@ -43,6 +43,9 @@ class DistillConfig:
     rounds' errors stop adding up; the path is banked once as for consistency mid-training (consistency_bank_size
     trajectories of start_steps steps). 0: none. Its student is ``students/trajectory``. A run stopped or finished
     before it may add it: the same command with this set goes on from the last round."""
+    trajectory_learning_rate: float = 1e-4
+    """Adam's learning rate at the start of the trajectory phase, decayed linearly to 0 at its end: the student
+    it starts from already samples well, so a smaller step than the rounds' keeps what they taught."""
     first_stage_steps: int = 2000
     """Optimiser steps of stage one: the student learns the teacher's guided prediction at start_steps' times,
     with the guidance scale as an input (Meng et al. 2023) and in its own prediction target. Only run when the
@@ -170,8 +173,9 @@ def validate_distill(d: DistillConfig) -> None:
     if d.trajectory_steps and d.consistency_bank_size < d.batch_size:
         raise ConfigError(f"distill.consistency_bank_size ({d.consistency_bank_size}) must be at least "
                           f"distill.batch_size ({d.batch_size}): the trajectory phase draws its batches from the bank")
-    if not d.learning_rate > 0:
-        raise ConfigError(f"distill.learning_rate must be > 0, got {d.learning_rate}")
+    for name, rate in (("learning_rate", d.learning_rate), ("trajectory_learning_rate", d.trajectory_learning_rate)):
+        if not rate > 0:
+            raise ConfigError(f"distill.{name} must be > 0, got {rate}")
     if d.grad_clip < 0:
         raise ConfigError(f"distill.grad_clip must be >= 0, got {d.grad_clip}")
     if not 0.0 <= d.ema_decay < 1.0:

@@ -28,10 +28,12 @@ from ddim.model import DiffusionModel, bind_denoiser, init_variables, normalize
 from ddim.train.state import TrainState, class_condition, to_float, update_ema
 
 
-def optimizer(settings: DistillConfig, steps: int) -> optax.GradientTransformation:
-    """Adam from ``learning_rate`` decayed linearly to 0 over ``steps``, after clipping the gradient's norm (the
-    reference's ``learning_rate_anneal_type = "linear"``, no weight decay)."""
-    adam = optax.adam(optax.linear_schedule(settings.learning_rate, 0.0, max(steps, 1)))
+def optimizer(settings: DistillConfig, phase: Phase) -> optax.GradientTransformation:
+    """Adam from the phase's learning rate (``trajectory_learning_rate`` for the trajectory phase, else
+    ``learning_rate``) decayed linearly to 0 over its steps, after clipping the gradient's norm (the reference's
+    ``learning_rate_anneal_type = "linear"``, no weight decay)."""
+    rate = settings.trajectory_learning_rate if phase.kind == TRAJECTORY else settings.learning_rate
+    adam = optax.adam(optax.linear_schedule(rate, 0.0, max(phase.optimizer_steps, 1)))
     return optax.chain(optax.clip_by_global_norm(settings.grad_clip), adam) if settings.grad_clip > 0 else adam
 
 
@@ -58,7 +60,7 @@ def create_student_state(student: DiffusionModel, teacher_variables, config: Con
     params = jax.tree.map(jnp.asarray, variables["params"])
     batch_stats = jax.tree.map(jnp.asarray, variables["batch_stats"])
     state = TrainState.create(
-        apply_fn=student.apply, params=params, tx=optimizer(config.distill, phase.optimizer_steps),
+        apply_fn=student.apply, params=params, tx=optimizer(config.distill, phase),
         batch_stats=batch_stats, ema_params=jax.tree.map(jnp.copy, params),
         ema_batch_stats=jax.tree.map(jnp.copy, batch_stats),
     )
