@@ -44,8 +44,8 @@ class DistillConfig:
     trajectories of start_steps steps). 0: none. Its student is ``students/trajectory``. A run stopped or finished
     before it may add it: the same command with this set goes on from the last round."""
     trajectory_learning_rate: float = 1e-4
-    """Adam's learning rate at the start of the trajectory phase, decayed linearly to 0 at its end: the student
-    it starts from already samples well, so a smaller step than the rounds' keeps what they taught."""
+    """Adam's learning rate at the start of the trajectory phase, decayed linearly to 0 at its end; its own
+    setting, so that a finished run adding the phase may choose it."""
     first_stage_steps: int = 2000
     """Optimiser steps of stage one: the student learns the teacher's guided prediction at start_steps' times,
     with the guidance scale as an input (Meng et al. 2023) and in its own prediction target. Only run when the
