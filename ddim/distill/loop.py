@@ -204,17 +204,13 @@ class DistillationRun(RunOutputs):
             batch = dict(batch, label=self.label_table(batch["label"]))
             yield parallel.global_batch(batch, self.mesh)
 
-    def midtraining_batches(self, bank: bank_lib.Bank, start_step: int) -> Iterator[dict[str, jax.Array]]:
-        """Global batches of banked trajectory points from ``start_step`` on (:func:`ddim.distill.bank.batches`)."""
+    def bank_batches(self, draw: Callable[..., Iterator[dict[str, np.ndarray]]],
+                     start_step: int) -> Iterator[dict[str, jax.Array]]:
+        """Global batches of banked trajectory points from ``start_step`` on, as ``draw(seed, batch_size,
+        start_step)`` draws them: :func:`ddim.distill.bank.batches` in mid-training,
+        :func:`ddim.distill.bank.grid_batches` (the student's grid times) in the trajectory phase."""
         d = self.config.distill
-        for batch in bank_lib.batches(bank, d.seed, d.batch_size, start_step):
-            yield parallel.global_batch(batch, self.mesh)
-
-    def trajectory_batches(self, bank: bank_lib.Bank, student_steps: int,
-                           start_step: int) -> Iterator[dict[str, jax.Array]]:
-        """Global batches of banked points at the student's grid times (:func:`ddim.distill.bank.grid_batches`)."""
-        d = self.config.distill
-        for batch in bank_lib.grid_batches(bank, d.seed, d.batch_size, start_step, student_steps):
+        for batch in draw(d.seed, d.batch_size, start_step):
             yield parallel.global_batch(batch, self.mesh)
 
     def teacher_of(self, phase: Phase) -> tuple[DiffusionModel, dict[str, Any]]:
@@ -241,9 +237,11 @@ class DistillationRun(RunOutputs):
         step_fn = compiled_step(StepSettings.of(student, teacher_model, self.config, phase), self.mesh)
         batches = self.batches
         if phase.kind == MIDTRAINING:
-            batches = functools.partial(self.midtraining_batches, self.trajectory_bank(phase))
+            batches = functools.partial(self.bank_batches, functools.partial(bank_lib.batches,
+                                                                             self.trajectory_bank(phase)))
         elif phase.kind == TRAJECTORY:
-            batches = functools.partial(self.trajectory_batches, self.trajectory_bank(phase), phase.student_steps)
+            batches = functools.partial(self.bank_batches, functools.partial(
+                bank_lib.grid_batches, self.trajectory_bank(phase), student_steps=phase.student_steps))
         return PhaseJob(phase, config, student, parallel.replicate(teacher_variables, self.mesh), step_fn, batches)
 
     def first_state(self, job: PhaseJob) -> TrainState:
