@@ -61,6 +61,14 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}{slash}{rest}"
 
 
+def format_duration(seconds: float) -> str:
+    """``35 s``, ``12 min``, ``1 h 24 min``: a duration as a log line says it."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
 def format_metrics(values: Mapping[str, float]) -> str:
     return " ".join(f"{name}={value:.4g}" for name, value in values.items())
 

@@ -103,6 +103,61 @@ def test_a_stored_bank_is_read_only_with_the_same_settings_and_never_half_writte
     assert bank_lib.load(path, settings)[1].startswith("cannot be read")
 
 
+def test_a_bank_stopped_while_solved_keeps_its_parts_and_solves_only_the_rest(solved, tmp_path, monkeypatch):
+    teacher, variables, settings, bank = solved
+    big = _settings(size=10)  # three batches of 4, the last padded
+    whole = bank_lib.solve(teacher, variables, big, lambda indices: np.asarray(indices) % 4, num_images=10)
+    parts, path = tmp_path / "trajectories.parts", tmp_path / "trajectories.npz"
+    monkeypatch.setattr(bank_lib, "PART_SECONDS", 0.0)  # a part after every batch
+    calls = []
+
+    def stop_after_two(done, seconds):
+        calls.append(done)
+        if len(calls) == 3:  # the rows read (none), then two batches
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bank_lib.solve(teacher, variables, big, lambda indices: np.asarray(indices) % 4, 10, parts,
+                       on_batch=stop_after_two)
+    assert calls == [0, 4, 8]
+    assert sorted(p.name for p in parts.iterdir()) == ["part-0000000-0000004.npz", "part-0000004-0000008.npz",
+                                                       "settings.json"]
+    solved_batches = []
+    real_solver = bank_lib.trajectory_solver(teacher, big.grid_steps)
+    monkeypatch.setattr(bank_lib, "trajectory_solver", lambda *args: lambda *batch: (
+        solved_batches.append(batch[2].shape[0]), real_solver(*batch))[1])
+    progress = []
+    resumed = bank_lib.solve(teacher, variables, big, lambda indices: np.asarray(indices) % 4, 10, parts,
+                             on_batch=lambda done, seconds: progress.append((done, seconds)))
+    assert solved_batches == [4] and [done for done, _ in progress] == [8, 10]  # only the last batch solved again
+    assert progress[0][1] > 0 and progress[1][1] >= progress[0][1]  # the earlier parts' seconds count on
+    assert all(np.array_equal(a, b) for a, b in zip(resumed, whole))
+    bank_lib.save(path, resumed, big, parts)
+    assert not parts.exists() and bank_lib.load(path, big)[1] == ""
+    # Parts of other settings are not read, and the first part written replaces them.
+    bank_lib.write_part(parts, settings, 0, 4, bank.states, bank.ends, 1.0)
+    assert bank_lib.read_parts(parts, big, np.empty_like(whole.states), np.empty_like(whole.ends)) == (0, 0.0)
+    bank_lib.write_part(parts, big, 0, 4, whole.states, whole.ends, 1.0)
+    assert (parts / "settings.json").read_text() == big.to_json()
+
+
+def test_banking_says_a_line_at_every_tenth_with_the_time_left():
+    from ddim.distill.loop import BankingProgress
+
+    lines = []
+    progress = BankingProgress(100, lines.append)
+    progress(40, 600.0)  # rows read from parts: said once, and not counted in the estimate
+    for done in range(44, 101, 4):
+        progress(done, 600.0 + (done - 40) * 30.0)
+    assert lines[0] == "banking resumed: 40 of 100 trajectories were solved before"
+    assert lines[1:] == ["banked 52 of 100 trajectories in 16 min, about 24 min left",
+                         "banked 60 of 100 trajectories in 20 min, about 20 min left",
+                         "banked 72 of 100 trajectories in 26 min, about 14 min left",
+                         "banked 80 of 100 trajectories in 30 min, about 10 min left",
+                         "banked 92 of 100 trajectories in 36 min, about 4 min left"]  # the whole: its own line
+    assert progress.seconds == 2400.0
+
+
 def test_each_steps_batch_is_drawn_from_the_seed_and_the_step(solved):
     _, _, _, bank = solved
     from_zero = bank_lib.batches(bank, 0, 5, 0)
@@ -148,6 +203,7 @@ def test_consistency_distillation_starts_from_the_mid_trained_student_and_writes
         ("midtraining", 0, 0, 6), ("midtraining", 0, 3, None), ("consistency", 3, 5, None)]
     with np.load(out / "trajectories.npz") as stored:
         assert stored["states"].shape == (6, 4, 16, 16, 3) and stored["ends"].shape == (6, 16, 16, 3)
+    assert not (out / "trajectories.parts").exists()  # written while solving, gone with the whole bank
 
 
 def test_a_run_stopped_in_and_at_the_end_of_midtraining_resumes_to_the_same_student(midtrained, conditional_workdir,
@@ -167,7 +223,8 @@ def test_a_run_stopped_in_and_at_the_end_of_midtraining_resumes_to_the_same_stud
     monkeypatch.undo()
     resumed = distill(conditional_workdir, tmp_path, overrides=MIDTRAINING, log=lines.append)
     assert (resumed.start_step, resumed.final_step, sorted(resumed.students)) == (3, 5, [1, 2, 4])
-    assert sum(line.startswith("banked") for line in lines) == 1  # solved once, read on the resume in mid-training
+    # Solved once, read on the resume in mid-training.
+    assert sum(line.startswith("banked 6 trajectories") for line in lines) == 1
 
     def final(root):
         return load_ema(root / "students" / "consistency").variables["params"]

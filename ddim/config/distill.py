@@ -143,8 +143,9 @@ class DistillConfig:
     consistency_bank_size: int = 2048
     """Consistency mid-training and the trajectory phase: the teacher's trajectories banked once, before they
     train, in ``<out>/trajectories.npz``: ``start_steps`` points each in float16 and the end image, 200 MB for 2048
-    trajectories of 16 steps at 32x32; the teacher's cost is ``start_steps`` guided passes per trajectory. At
-    least ``batch_size``."""
+    trajectories of 16 steps at 32x32; the teacher's cost is ``start_steps`` guided passes per trajectory. Solved
+    in parts that a stopped run keeps (``<out>/trajectories.parts/``), so Ctrl-C while banking loses about a minute.
+    At least ``batch_size``."""
     seed: int = 0
     """Seed of the data order, noise, times, guidance scales and banked trajectories."""
 

@@ -15,8 +15,12 @@ reads them instead of solving them again. The file holds:
 - ``settings``: what made it (:class:`BankSettings` as JSON). A bank made with other settings is solved again.
 
 A bank is written under a temporary name and renamed into place, so a write that stops half way leaves nothing
-to read. Every draw, the bank's (its noise, images whose classes it takes, guidance scales) and each step's
-batch, is a function of ``distill.seed`` (and the step), so a bank solved again, and a resumed run, draw the same.
+to read. While it is solved (at 64x64, an hour or more for 16,384 trajectories on a CPU), its finished rows are
+written about every minute as parts (``<workdir>/trajectories.parts/``, with the settings that made them), so a run
+stopped while banking (Ctrl-C) solves only the rest when resumed; the parts go when the whole bank is written.
+
+Every draw, the bank's (its noise, images whose classes it takes, guidance scales) and each step's batch, is a
+function of ``distill.seed`` (and the step), so a bank solved again, and a resumed run, draw the same.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import functools
 import itertools
 import json
 import os
+import shutil
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +49,8 @@ from ddim.train.state import class_condition
 
 FORMAT = 1
 """The layout of the file; a bank of another layout is solved again."""
+PART_SECONDS = 60.0
+"""Seconds of solving between two parts written while a bank is solved: what a stop loses at most."""
 BANK_STREAM = 0x62616E6B
 """Folded into ``distill.seed``'s key for the bank's draws, apart from the steps' own keys."""
 
@@ -114,11 +122,18 @@ def trajectory_solver(teacher: DiffusionModel, steps: int):
 
 
 def solve(teacher: DiffusionModel, variables, settings: BankSettings, class_ids: Callable[[np.ndarray], np.ndarray],
-          num_images: int) -> Bank:
+          num_images: int, parts: Path | None = None, write_parts: bool = True,
+          on_batch: Callable[[int, float], None] | None = None) -> Bank:
     """Solve the bank: ``settings.size`` trajectories, each with the class of a training image drawn uniformly (so
     the classes come as often as in the data, as in the batches of consistency distillation; ``class_ids(indices)``
     gives those images' classes as the teacher's ids), a ``label_dropout`` share of them the null class, and a
-    guidance scale drawn as consistency distillation draws them (:func:`ddim.distill.targets.guidance_scales`)."""
+    guidance scale drawn as consistency distillation draws them (:func:`ddim.distill.targets.guidance_scales`).
+
+    With ``parts`` (a folder), the rows solved before by the same settings are read from it and only the rest are
+    solved; with ``write_parts``, the rows solved here are written to it about every :data:`PART_SECONDS`.
+    ``on_batch(rows_done, seconds)`` is called once with the rows read, then after each batch; ``seconds`` is the
+    solving time of all the rows done, earlier parts' included.
+    """
     size, batch = settings.size, settings.batch_size
     image_key, guidance_key, dropout_key, _ = draw_keys(settings.seed)
     labels = np.zeros(size, np.int32)
@@ -133,23 +148,79 @@ def solve(teacher: DiffusionModel, variables, settings: BankSettings, class_ids:
     solver = trajectory_solver(teacher, settings.grid_steps)
     states = np.empty((size, settings.grid_steps, *settings.image_shape), np.float16)
     ends = np.empty((size, *settings.image_shape), np.float32)
+    done, earlier_seconds = read_parts(parts, settings, states, ends) if parts is not None else (0, 0.0)
+    started = part_started = time.perf_counter()
+    part_start = done
+    if on_batch is not None:
+        on_batch(done, earlier_seconds)
     for index, start in enumerate(range(0, size, batch)):
+        if start < done:  # read from the parts (they end at batch boundaries)
+            continue
         rows = np.arange(start, start + batch) % size  # the last batch is padded with the first rows: one shape
         batch_states, batch_ends = solver(variables, noise_key(settings, index), labels[rows], guidance[rows])
         kept = min(batch, size - start)
         states[start:start + kept] = np.asarray(batch_states)[:kept]
         ends[start:start + kept] = np.asarray(batch_ends)[:kept]
+        done, now = start + kept, time.perf_counter()
+        if parts is not None and write_parts and (now - part_started >= PART_SECONDS or done == size):
+            write_part(parts, settings, part_start, done, states, ends, now - part_started)
+            part_start, part_started = done, now
+        if on_batch is not None:
+            on_batch(done, earlier_seconds + now - started)
     return Bank(states, ends, labels, guidance)
 
 
-def save(path: Path, bank: Bank, settings: BankSettings) -> None:
-    """Write ``bank`` to ``path`` through a temporary file renamed into place (never a half-written bank)."""
+def write_part(parts: Path, settings: BankSettings, start: int, end: int, states: np.ndarray, ends: np.ndarray,
+               seconds: float) -> None:
+    """Write rows ``start:end`` as one part (``part-<start>-<end>.npz``, through a temporary file), after the
+    settings that make them; a folder of other settings is emptied first."""
+    settings_file = parts / "settings.json"
+    if parts.is_dir() and (not settings_file.is_file() or settings_file.read_text() != settings.to_json()):
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    if not settings_file.is_file():
+        settings_file.write_text(settings.to_json())
+    path = parts / f"part-{start:07d}-{end:07d}.npz"
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as file:
+        np.savez(file, states=states[start:end], ends=ends[start:end], seconds=np.float64(seconds))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+
+
+def read_parts(parts: Path, settings: BankSettings, states: np.ndarray, ends: np.ndarray) -> tuple[int, float]:
+    """Fill ``states`` and ``ends`` from the parts written by ``settings`` (those that follow on from row 0);
+    returns the rows read and their solving seconds. Parts of other settings, or unreadable, are not used."""
+    settings_file = parts / "settings.json"
+    if not settings_file.is_file() or settings_file.read_text() != settings.to_json():
+        return 0, 0.0
+    done, seconds = 0, 0.0
+    for path in sorted(parts.glob("part-*-*.npz")):
+        start, end = (int(number) for number in path.stem.split("-")[1:])
+        if start != done or end > settings.size:
+            break
+        try:
+            with np.load(path) as part:
+                states[start:end], ends[start:end] = part["states"], part["ends"]
+                seconds += float(part["seconds"])
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            break
+        done = end
+    return done, seconds
+
+
+def save(path: Path, bank: Bank, settings: BankSettings, parts: Path | None = None) -> None:
+    """Write ``bank`` to ``path`` through a temporary file renamed into place (never a half-written bank); then
+    the folder of its ``parts``, if given, is removed."""
     partial = path.with_name(f".{path.name}.partial")
     with open(partial, "wb") as file:
         np.savez(file, **bank._asdict(), settings=np.array(settings.to_json()))
         file.flush()
         os.fsync(file.fileno())
     os.replace(partial, path)
+    if parts is not None:
+        shutil.rmtree(parts, ignore_errors=True)
 
 
 def load(path: Path, settings: BankSettings) -> tuple[Bank | None, str]:

@@ -48,7 +48,7 @@ from ddim.environment import run_fields
 from ddim.errors import UserError
 from ddim.model import DiffusionModel, init_variables
 from ddim.spec import SamplingRules
-from ddim.summary import Progress, Reporter, say_stderr, summary_writer
+from ddim.summary import Progress, Reporter, format_duration, say_stderr, summary_writer
 from ddim.train import state as state_lib
 from ddim.train.actions import LogTrainMetrics, MetricsBuffer, SampleGrid, SaveCheckpoint, StepInfo, TrainingError
 from ddim.train.steps import RunOutputs, run_steps
@@ -120,6 +120,30 @@ class PhaseEnd(NamedTuple):
     step: int
     stopped: bool
     metrics: dict[str, float]
+
+
+class BankingProgress:
+    """``on_batch`` of :func:`ddim.distill.bank.solve`: a line at every tenth of the bank solved until the whole,
+    with the time spent and an estimate of the time left (solving takes an hour or more at 64x64 on a CPU);
+    ``seconds``, the solving time of the whole bank."""
+
+    def __init__(self, size: int, say: Callable[[str], None]):
+        self.size, self.say = size, say
+        self.first, self.seconds, self.said = None, 0.0, 0
+
+    def __call__(self, done: int, seconds: float) -> None:
+        self.seconds, tenth = seconds, done * 10 // self.size
+        if self.first is None:  # the rows read from earlier parts: the estimate counts only the rows solved here
+            self.first, self.said = (done, seconds), tenth
+            if done:
+                self.say(f"banking resumed: {done} of {self.size} trajectories were solved before")
+            return
+        if tenth <= self.said or done == self.size:  # the whole bank has its own line
+            return
+        self.said = tenth
+        rows, spent = done - self.first[0], seconds - self.first[1]
+        left = f", about {format_duration((self.size - done) * spent / rows)} left" if rows else ""
+        self.say(f"banked {done} of {self.size} trajectories in {format_duration(seconds)}{left}")
 
 
 @dataclass(frozen=True)
@@ -266,17 +290,19 @@ class DistillationRun(RunOutputs):
         if bank is not None:
             self.say(f"read {settings.size} banked trajectories from {path}")
             return bank
+        parts = Workdir(self.workdir).trajectory_parts
         self.say((f"{path} {why}; " if why else "") + f"banking {settings.size} trajectories of the teacher's "
-                 f"{settings.grid_steps}-step guided DDIM path")
-        started = time.perf_counter()
+                 f"{settings.grid_steps}-step guided DDIM path (Ctrl-C keeps the parts solved, in {parts})")
 
         def class_ids(indices):
             return self.label_table(data_lib.read_batch(self.train_images, indices)["label"])
 
-        bank = bank_lib.solve(self.teacher_model, self.teacher_variables, settings, class_ids, len(self.train_images))
+        progress = BankingProgress(settings.size, self.say)
+        bank = bank_lib.solve(self.teacher_model, self.teacher_variables, settings, class_ids, len(self.train_images),
+                              parts, write_parts=jax.process_index() == 0, on_batch=progress)
         if jax.process_index() == 0:
-            bank_lib.save(path, bank, settings)
-        seconds = time.perf_counter() - started
+            bank_lib.save(path, bank, settings, parts)
+        seconds = progress.seconds
         append_record(Workdir(self.workdir).distill_file, {
             "phase": phase.kind, "student_steps": phase.student_steps, "from_step": phase.start,
             "to_step": phase.start, "seconds": round(seconds, 3), "banked_trajectories": settings.size,

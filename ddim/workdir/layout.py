@@ -17,6 +17,7 @@ everything later commands add to it::
       students/<N>/         ddim distill's students, each a work directory of its own
       distill.jsonl         ddim distill's teacher and stretches of training
       trajectories.npz      ddim distill's banked teacher trajectories (mid-training, trajectory phase)
+      trajectories.parts/   the parts of a bank being solved, until the whole is written
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ LOCK_FILE = "train.lock"
 STUDENTS = "students"
 DISTILL_FILE = "distill.jsonl"
 TRAJECTORIES = "trajectories.npz"
+TRAJECTORY_PARTS = "trajectories.parts"
 
 
 @dataclass(frozen=True)
@@ -115,3 +117,7 @@ class Workdir:
     @property
     def trajectories(self) -> Path:
         return self.root / TRAJECTORIES
+
+    @property
+    def trajectory_parts(self) -> Path:
+        return self.root / TRAJECTORY_PARTS
