@@ -282,8 +282,8 @@ class DistillationRun(RunOutputs):
 
     def trajectory_bank(self, phase: Phase) -> bank_lib.Bank:
         """The banked trajectories of mid-training and of the trajectory phase: read from the work directory, or
-        solved and stored there (when missing, or made with other settings); the solving's seconds count to
-        ``phase`` in ``distill.jsonl``."""
+        solved and stored there (when missing, or made with other settings; parts a stopped run solved are read
+        again); the solving's seconds, the parts' included, count to ``phase`` in ``distill.jsonl``."""
         settings = bank_lib.BankSettings.of(self.config, self.teacher_name, self.teacher_step, self.teacher_model)
         path = Workdir(self.workdir).trajectories
         bank, why = bank_lib.load(path, settings)
