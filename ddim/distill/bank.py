@@ -172,28 +172,28 @@ def solve(teacher: DiffusionModel, variables, settings: BankSettings, class_ids:
 
 def write_part(parts: Path, settings: BankSettings, start: int, end: int, states: np.ndarray, ends: np.ndarray,
                seconds: float) -> None:
-    """Write rows ``start:end`` as one part (``part-<start>-<end>.npz``, through a temporary file), after the
-    settings that make them; a folder of other settings is emptied first."""
+    """Write rows ``start:end`` as one part (``part-<start>-<end>.npz``), after the settings that make them; a
+    folder of other settings is emptied first."""
     settings_file = parts / "settings.json"
-    if parts.is_dir() and (not settings_file.is_file() or settings_file.read_text() != settings.to_json()):
+    if parts.is_dir() and not parts_match(parts, settings):
         shutil.rmtree(parts)
     parts.mkdir(parents=True, exist_ok=True)
     if not settings_file.is_file():
         settings_file.write_text(settings.to_json())
-    path = parts / f"part-{start:07d}-{end:07d}.npz"
-    partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as file:
-        np.savez(file, states=states[start:end], ends=ends[start:end], seconds=np.float64(seconds))
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
+    write_arrays(parts / f"part-{start:07d}-{end:07d}.npz", states=states[start:end], ends=ends[start:end],
+                 seconds=np.float64(seconds))
+
+
+def parts_match(parts: Path, settings: BankSettings) -> bool:
+    """Whether the parts in the folder ``parts`` were written by ``settings``."""
+    settings_file = parts / "settings.json"
+    return settings_file.is_file() and settings_file.read_text() == settings.to_json()
 
 
 def read_parts(parts: Path, settings: BankSettings, states: np.ndarray, ends: np.ndarray) -> tuple[int, float]:
     """Fill ``states`` and ``ends`` from the parts written by ``settings`` (those that follow on from row 0);
     returns the rows read and their solving seconds. Parts of other settings, or unreadable, are not used."""
-    settings_file = parts / "settings.json"
-    if not settings_file.is_file() or settings_file.read_text() != settings.to_json():
+    if not parts_match(parts, settings):
         return 0, 0.0
     done, seconds = 0, 0.0
     for path in sorted(parts.glob("part-*-*.npz")):
@@ -210,15 +210,19 @@ def read_parts(parts: Path, settings: BankSettings, states: np.ndarray, ends: np
     return done, seconds
 
 
-def save(path: Path, bank: Bank, settings: BankSettings, parts: Path | None = None) -> None:
-    """Write ``bank`` to ``path`` through a temporary file renamed into place (never a half-written bank); then
-    the folder of its ``parts``, if given, is removed."""
+def write_arrays(path: Path, **arrays) -> None:
+    """``np.savez`` to ``path`` through a temporary file renamed into place: never a half-written file."""
     partial = path.with_name(f".{path.name}.partial")
     with open(partial, "wb") as file:
-        np.savez(file, **bank._asdict(), settings=np.array(settings.to_json()))
+        np.savez(file, **arrays)
         file.flush()
         os.fsync(file.fileno())
     os.replace(partial, path)
+
+
+def save(path: Path, bank: Bank, settings: BankSettings, parts: Path | None = None) -> None:
+    """Write ``bank`` to ``path`` (:func:`write_arrays`); then the folder of its ``parts``, if given, is removed."""
+    write_arrays(path, **bank._asdict(), settings=np.array(settings.to_json()))
     if parts is not None:
         shutil.rmtree(parts, ignore_errors=True)
 
