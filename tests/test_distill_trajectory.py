@@ -75,7 +75,7 @@ def test_the_grid_batches_hold_the_paths_points_at_the_students_times_and_resume
     resumed = next(bank_lib.grid_batches(bank, 0, 6, 2, 2))
     assert all(np.array_equal(third[key], resumed[key]) for key in third)
     assert not all(np.array_equal(first[key], second[key]) for key in first)
-    assert set(first) == {"state", "next", "index", "label", "guidance"}
+    assert set(first) == {"state", "next", "index", "noise", "end", "label", "guidance"}
     for batch in (first, second, third):
         for i, index in enumerate(batch["index"]):
             k = int(batch["label"][i])  # the labels number the trajectories here
@@ -84,6 +84,9 @@ def test_the_grid_batches_hold_the_paths_points_at_the_students_times_and_resume
             np.testing.assert_array_equal(batch["state"][i], bank.states[k, 2 * index - 1].astype(np.float32))
             following = bank.ends[k] if index == 1 else bank.states[k, 1].astype(np.float32)
             np.testing.assert_array_equal(batch["next"][i], following)
+            # The rollout's pair: the path's start (its point at t = 1) and its end.
+            np.testing.assert_array_equal(batch["noise"][i], bank.states[k, steps - 1].astype(np.float32))
+            np.testing.assert_array_equal(batch["end"][i], bank.ends[k])
     assert {1, 2} <= set(np.concatenate([first["index"], second["index"], third["index"]]).tolist())
     with pytest.raises(ValueError, match="not part of the bank's 4-step grid"):
         next(bank_lib.grid_batches(bank, 0, 6, 0, 3))
@@ -129,8 +132,8 @@ def test_a_finished_run_adds_the_trajectory_phase_and_refuses_other_changes(cond
     with pytest.raises(UserError, match="distill.round_steps is 3 but the run was started with 2"):
         distill(conditional_workdir, tmp_path, overrides=[*TRAJECTORY, "distill.round_steps=3"], log=lambda line: None)
     # The phase's own settings may be chosen when it is added.
-    extended = distill(conditional_workdir, tmp_path, overrides=[*TRAJECTORY, "distill.trajectory_learning_rate=3e-4"],
-                       log=lambda line: None)
+    extended = distill(conditional_workdir, tmp_path, overrides=[*TRAJECTORY, "distill.trajectory_learning_rate=3e-4",
+                                                                  "distill.trajectory_rollout=0.5"], log=lambda line: None)
     assert (extended.start_step, extended.final_step) == (4, 7)
     assert extended.students[2] == tmp_path / "students" / "trajectory"
 
@@ -180,6 +183,77 @@ def test_a_trajectory_step_lowers_the_loss_on_a_fixed_batch():
     assert losses[-1] < 0.85 * losses[0], losses
 
 
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_the_students_own_sample_in_the_rollout_is_the_samplers(steps):
+    from ddim import samplers
+
+    def denoise(z, noise_rates, signal_rates):  # any smooth function of its inputs stands in for a network
+        images = jnp.tanh(0.7 * z + signal_rates) * (1.0 - 0.5 * noise_rates)
+        return (z - signal_rates * images) / noise_rates, images
+
+    noise = jax.random.normal(jax.random.key(3), (3, 8, 8, 3))
+    expected = samplers.run(denoise, diffusion.cosine_schedule, noise, samplers.UniformGrid(steps), "ddim").pred_images
+    sample = targets.student_sample(denoise, diffusion.cosine_schedule, noise, steps)
+    np.testing.assert_allclose(np.asarray(sample), np.asarray(expected), atol=1e-5)
+
+
+def test_the_rollout_term_adds_its_weight_times_the_samples_error_against_the_paths_end():
+    from ddim.distill.step import StepSettings, create_student_state, trajectory_step
+    from ddim.model import bind_denoiser
+
+    overrides = ("model.class_conditional=true", "model.num_classes=4", "model.prediction=velocity",
+                 "distill.start_steps=4", "distill.end_steps=2", "distill.trajectory_steps=100",
+                 "distill.round_steps=1", "distill.first_stage_steps=1")
+    _, teacher, variables = tiny_teacher(*overrides[:3], scale=0.1)
+    rng = np.random.default_rng(4)
+    batch = {name: rng.normal(size=(4, 16, 16, 3)).astype(np.float32) for name in ("state", "next", "noise")}
+    batch.update(index=np.array([1, 2, 1, 2], np.int32), label=np.array([0, 1, -1, 3], np.int32),
+                 guidance=np.array([1.0, 2.0, 3.0, 1.5], np.float32))
+
+    def first_loss(weight, end):
+        config = tiny_config(*overrides, f"distill.trajectory_rollout={weight}")
+        phase = plan_lib.plan(teacher.config, config)[-1]
+        student = DiffusionModel(plan_lib.student_model(teacher.config, config, phase))
+        state = create_student_state(student, variables, config, phase, jax.random.key(0))
+        settings = StepSettings.of(student, teacher, config, phase)
+        denoise = bind_denoiser(student, {"params": state.params, "batch_stats": state.batch_stats})
+        cond = {"label": batch["label"], "guidance": batch["guidance"]}
+        sample = targets.student_sample(lambda z, n, s: denoise(z, n, s, cond), student.objective.schedule,
+                                        batch["noise"], 2)
+        _, metrics = trajectory_step(state, None, dict(batch, end=end(np.asarray(sample))), None, settings)
+        return float(metrics["loss"])
+
+    points_only = first_loss(0.0, lambda sample: sample + 5.0)
+    # The student's own sample as the path's end: nothing to add; 0.1 away everywhere: weight * 0.01.
+    assert first_loss(0.5, lambda sample: sample) == pytest.approx(points_only, rel=1e-5)
+    assert first_loss(0.5, lambda sample: sample + 0.1) == pytest.approx(points_only + 0.5 * 0.01, rel=1e-4)
+
+
+def test_a_rollout_step_lowers_the_loss_on_a_fixed_batch():
+    from ddim.distill.step import StepSettings, create_student_state, trajectory_step
+
+    config = tiny_config("model.class_conditional=true", "model.num_classes=4", "model.prediction=velocity",
+                         "distill.start_steps=4", "distill.end_steps=2", "distill.trajectory_steps=100",
+                         "distill.trajectory_learning_rate=2e-3", "distill.trajectory_rollout=1",
+                         "distill.round_steps=1", "distill.first_stage_steps=1")
+    _, teacher, variables = tiny_teacher("model.class_conditional=true", "model.num_classes=4",
+                                         "model.prediction=velocity", scale=0.1)
+    phase = plan_lib.plan(teacher.config, config)[-1]
+    student = DiffusionModel(plan_lib.student_model(teacher.config, config, phase))
+    state = create_student_state(student, variables, config, phase, jax.random.key(0))
+    settings = StepSettings.of(student, teacher, config, phase)
+    rng = np.random.default_rng(5)
+    batch = {name: rng.normal(size=(4, 16, 16, 3)).astype(np.float32) for name in ("state", "next", "noise", "end")}
+    batch.update(index=np.array([1, 2, 1, 2], np.int32), label=np.array([0, 1, -1, 3], np.int32),
+                 guidance=np.array([1.0, 2.0, 3.0, 1.5], np.float32))
+    step = jax.jit(lambda s: trajectory_step(s, None, batch, None, settings))
+    losses = []
+    for _ in range(16):
+        state, metrics = step(state)
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < 0.85 * losses[0], losses
+
+
 def test_bad_trajectory_settings_are_one_error_line_before_anything_is_written(conditional_workdir, tmp_path):
     teacher = ["distill", "--workdir", conditional_workdir]
     cases = [
@@ -192,6 +266,10 @@ def test_bad_trajectory_settings_are_one_error_line_before_anything_is_written(c
          "distill.consistency_bank_size (8) must be at least distill.batch_size (16)"),
         ([*teacher, "--out", tmp_path / "d", "--set", "distill.trajectory_steps=5", "--set",
           "distill.trajectory_learning_rate=0"], "distill.trajectory_learning_rate must be > 0, got 0"),
+        ([*teacher, "--out", tmp_path / "e", "--set", "distill.trajectory_rollout=1"],
+         "distill.trajectory_rollout weighs a term of the trajectory phase"),
+        ([*teacher, "--out", tmp_path / "f", "--set", "distill.trajectory_steps=5", "--set",
+          "distill.trajectory_rollout=-1"], "it must be >= 0, and 0 without distill.trajectory_steps; got -1"),
     ]
     each_one_error_line(cases)
-    assert not any((tmp_path / name).exists() for name in "abcd")
+    assert not any((tmp_path / name).exists() for name in "abcdef")

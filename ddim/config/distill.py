@@ -46,6 +46,11 @@ class DistillConfig:
     trajectory_learning_rate: float = 1e-4
     """Adam's learning rate at the start of the trajectory phase, decayed linearly to 0 at its end; its own
     setting, so that a finished run adding the phase may choose it."""
+    trajectory_rollout: float = 0.0
+    """Trajectory phase: the weight of a second term, the squared error of the student's own deterministic sample
+    (all its steps from the path's noise, differentiated through) against the path's end, so that its later steps
+    learn from its earlier steps' outputs rather than from the teacher's path alone. Each step then costs the
+    student's step count more network passes. 0: the path's points only."""
     first_stage_steps: int = 2000
     """Optimiser steps of stage one: the student learns the teacher's guided prediction at start_steps' times,
     with the guidance scale as an input (Meng et al. 2023) and in its own prediction target. Only run when the
@@ -174,6 +179,9 @@ def validate_distill(d: DistillConfig) -> None:
     if d.trajectory_steps and d.consistency_bank_size < d.batch_size:
         raise ConfigError(f"distill.consistency_bank_size ({d.consistency_bank_size}) must be at least "
                           f"distill.batch_size ({d.batch_size}): the trajectory phase draws its batches from the bank")
+    if d.trajectory_rollout < 0 or d.trajectory_rollout and not d.trajectory_steps:
+        raise ConfigError(f"distill.trajectory_rollout weighs a term of the trajectory phase: it must be >= 0, and 0 "
+                          f"without distill.trajectory_steps; got {d.trajectory_rollout}")
     for name, rate in (("learning_rate", d.learning_rate), ("trajectory_learning_rate", d.trajectory_learning_rate)):
         if not rate > 0:
             raise ConfigError(f"distill.{name} must be > 0, got {rate}")

@@ -261,8 +261,9 @@ def grid_batches(bank: Bank, seed: int, batch_size: int, start_step: int,
     """The trajectory phase's batches from global step ``start_step + 1`` on: ``batch_size`` pairs of a trajectory
     and a time ``i / student_steps`` of the student's grid (``i`` in ``1..student_steps``, drawn uniformly with the
     generator of ``(seed, step)``), as ``{"state"`` (the path's point there), ``"next"`` (its point at the grid's
-    next time, the end after the last), ``"index"`` (``i``), ``"label", "guidance"}``. The student's grid must
-    be part of the bank's: ``student_steps`` divides its steps."""
+    next time, the end after the last), ``"index"`` (``i``), ``"noise"`` (the path's start, its point at ``t = 1``),
+    ``"end"``, ``"label", "guidance"}``. The student's grid must be part of the bank's: ``student_steps`` divides
+    its steps."""
     size, steps = bank.states.shape[:2]
     if steps % student_steps:
         raise ValueError(f"a {student_steps}-step grid is not part of the bank's {steps}-step grid")
@@ -276,4 +277,5 @@ def grid_batches(bank: Bank, seed: int, batch_size: int, start_step: int,
         following = np.where((index == 1)[:, None, None, None], bank.ends[trajectories],
                              bank.states[trajectories, inner].astype(np.float32))
         yield {"state": states, "next": following, "index": index.astype(np.int32),
+               "noise": bank.states[trajectories, steps - 1].astype(np.float32), "end": bank.ends[trajectories],
                "label": bank.labels[trajectories], "guidance": bank.guidance[trajectories]}

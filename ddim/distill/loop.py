@@ -397,7 +397,7 @@ class DistillationRun(RunOutputs):
         self._export(phase, state)
 
 
-TRAJECTORY_SETTINGS = ("trajectory_steps", "trajectory_learning_rate", "consistency_bank_size")
+TRAJECTORY_SETTINGS = ("trajectory_steps", "trajectory_learning_rate", "trajectory_rollout", "consistency_bank_size")
 """What only the trajectory phase of a progressive run reads: a run stopped or finished before that phase may add it,
 or change it, and go on."""
 

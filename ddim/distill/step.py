@@ -126,6 +126,8 @@ class StepSettings:
     """The global step the phase starts at: the weight average warms up from there."""
     consistency: ConsistencySettings | None = None
     """Consistency distillation's pairs and loss; None in the other phases."""
+    trajectory_rollout: float = 0.0
+    """The trajectory phase's weight of the student's own sample against the path's end (0 in the other phases)."""
 
     @classmethod
     def of(cls, student: DiffusionModel, teacher: DiffusionModel, config: Config, phase: Phase) -> "StepSettings":
@@ -135,7 +137,8 @@ class StepSettings:
         consistency = (ConsistencySettings.of(d, (m.image_size, m.image_size, m.channels))
                        if phase.kind == CONSISTENCY else None)
         return cls(student, teacher, phase.kind, phase.grid_steps, m.class_conditional, d.guidance_min,
-                   d.guidance_max, focus, d.label_dropout, d.ema_decay, phase.start, consistency)
+                   d.guidance_max, focus, d.label_dropout, d.ema_decay, phase.start, consistency,
+                   d.trajectory_rollout if phase.kind == TRAJECTORY else 0.0)
 
 
 def distill_step(state: TrainState, teacher_variables, batch, rng, settings: StepSettings):
@@ -215,7 +218,9 @@ def trajectory_step(state: TrainState, teacher_variables, batch, rng, settings: 
     "guidance"}`` (:func:`ddim.distill.bank.grid_batches`): the student's image prediction at each point, a time
     ``index / N`` of its ``N``-step grid, against :func:`~ddim.distill.targets.trajectory_target` (the image whose
     DDIM step lands on the path's next point, the path's end at the last time), with the truncated-SNR weighting
-    of the rounds. The bank holds everything: ``teacher_variables`` and ``rng`` are unused, as in mid-training."""
+    of the rounds; with ``trajectory_rollout``, plus that weight times :func:`~ddim.distill.targets.rollout_loss`
+    of the student's own sample of each path's noise. The bank holds everything: ``teacher_variables`` and ``rng``
+    are unused, as in mid-training."""
     student_steps = settings.student.config.distilled_steps
     times = (batch["index"].astype(jnp.float32) / student_steps).reshape(-1, 1, 1, 1)
     schedule = settings.student.objective.schedule
@@ -226,7 +231,12 @@ def trajectory_step(state: TrainState, teacher_variables, batch, rng, settings: 
     def loss_fn(params):
         denoise = bind_denoiser(settings.student, {"params": params, "batch_stats": state.batch_stats})
         _, predicted = denoise(batch["state"], *rates_t, cond)
-        return targets.truncated_snr_loss(predicted, target, *rates_t)
+        loss = targets.truncated_snr_loss(predicted, target, *rates_t)
+        if settings.trajectory_rollout:
+            sample = targets.student_sample(lambda z, noise_rates, signal_rates: denoise(
+                z, noise_rates, signal_rates, cond), schedule, batch["noise"], student_steps)
+            loss = loss + settings.trajectory_rollout * targets.rollout_loss(sample, batch["end"])
+        return loss
 
     return optimiser_step(state, loss_fn, settings)
 

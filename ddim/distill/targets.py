@@ -13,6 +13,9 @@ last time.
 - On the teacher's own path (Luhman & Luhman 2021 teach a student the teacher's ODE solutions): from a point
   ``z_t`` of the teacher's banked DDIM path at a time of the student's grid, :func:`trajectory_target`, the image
   whose one step lands on the path's point at the grid's next time, or at its last time the path's end.
+  With a rollout weight, the student's own sample of the path's noise, all its steps taken in one differentiated
+  pass, also learns the path's end (:func:`rollout_loss`): a later step then learns from the earlier steps'
+  outputs, which sampling gives it, not from the teacher's path, which it never sees there.
 - Guided distillation, stage one (Meng et al. 2023, eq. 6-7): the student, given the guidance scale ``w``,
   learns the teacher's guided prediction ``x_c + (w - 1)(x_c - x_u)`` in one network pass.
 - Both use the truncated-SNR weighting of the image's squared error, ``max(SNR, 1)`` (Salimans & Ho 2022,
@@ -85,6 +88,28 @@ def trajectory_target(z_t, rates_t, z_s, rates_s, last):
     grid: where ``last`` (the grid's last time, ``(B,)``) the path's end ``z_s`` itself, the sample; elsewhere the
     :func:`one_step_target` that lands on the path's point ``z_s`` at the grid's next time."""
     return jnp.where(last.reshape(-1, 1, 1, 1), z_s, one_step_target(z_t, rates_t, z_s, rates_s))
+
+
+def student_sample(student: Denoise, schedule: Callable, noise, steps: int):
+    """A student's deterministic ``steps``-step DDIM sample of ``noise`` (at ``t = 1``), as :func:`ddim.samplers.run`
+    takes it: its image prediction at the grid's last time. A Python loop, so that the gradient flows through
+    every step (``steps`` is a few)."""
+    step_size = 1.0 / steps
+    ones = jnp.ones((noise.shape[0], 1, 1, 1), jnp.float32)
+    z, images = noise, noise
+    for i in range(steps):
+        rates_t = schedule(ones * (1.0 - i * step_size))
+        noises, images = student(z, *rates_t)
+        if i < steps - 1:
+            z = diffusion.ddim_step(images, noises, *schedule(ones * (1.0 - (i + 1) * step_size)))
+    return images
+
+
+def rollout_loss(sample_images, end_images):
+    """``mean |x_student(eps) - x_teacher(eps)|^2``: the student's whole sample of a path's noise against the
+    teacher's (Luhman & Luhman 2021, eq. 6, their one-step student's loss, here through all of the student's
+    steps)."""
+    return jnp.mean(jnp.square(sample_images - end_images))
 
 
 def truncated_snr_loss(pred_images, target_images, noise_rates, signal_rates):
