@@ -94,21 +94,19 @@ def student_sample(student: Denoise, schedule: Callable, noise, steps: int):
     """A student's deterministic ``steps``-step DDIM sample of ``noise`` (at ``t = 1``), as :func:`ddim.samplers.run`
     takes it: its image prediction at the grid's last time. A Python loop, so that the gradient flows through
     every step (``steps`` is a few)."""
-    step_size = 1.0 / steps
     ones = jnp.ones((noise.shape[0], 1, 1, 1), jnp.float32)
     z, images = noise, noise
     for i in range(steps):
-        rates_t = schedule(ones * (1.0 - i * step_size))
-        noises, images = student(z, *rates_t)
+        time, next_time = diffusion.reverse_diffusion_times(i, steps)
+        noises, images = student(z, *schedule(ones * time))
         if i < steps - 1:
-            z = diffusion.ddim_step(images, noises, *schedule(ones * (1.0 - (i + 1) * step_size)))
+            z = diffusion.ddim_step(images, noises, *schedule(ones * next_time))
     return images
 
 
 def rollout_loss(sample_images, end_images):
     """``mean |x_student(eps) - x_teacher(eps)|^2``: the student's whole sample of a path's noise against the
-    teacher's (Luhman & Luhman 2021, eq. 6, their one-step student's loss, here through all of the student's
-    steps)."""
+    teacher's (Luhman & Luhman 2021's loss for their one-step student, here through all of the student's steps)."""
     return jnp.mean(jnp.square(sample_images - end_images))
 
 
